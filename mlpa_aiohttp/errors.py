@@ -1,0 +1,146 @@
+"""The domain error tree. Every step below the routes raises these; one middleware maps
+them to HTTP (`middlewares.error_middleware`), so no module here imports `aiohttp.web`.
+
+    ApiError                      status + the reference's JSON body (+ headers)
+    ├── RequestInvalid            422 {"detail": [{"loc", "msg", "type"}]}
+    ├── PayloadTooLarge           413 {"error": 3} on chat, {"detail": {"error": 3}} elsewhere
+    ├── InvalidModelName          400 {"detail": {"error": 8}}
+    ├── BadRequest                400 {"detail": <text or object>}
+    ├── AuthRejected              401 {"detail": <text>}
+    ├── Forbidden                 403 {"detail": <text or object>}
+    │   ├── SignupCapExceeded     403 {"detail": {"error": 4}}
+    │   └── UserBlocked           403 {"detail": {"error": "User is blocked."}}
+    ├── NotFound                  404 {"detail": <text>}
+    ├── UpstreamRejected          classified LiteLLM error: 4xx {"detail": {"error": N}} + Retry-After
+    ├── UpstreamError             unclassified / transport: {"detail": {"error": <text>}}
+    └── ServerFault               5xx {"detail": <text or object>}: our own dependency failed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Error codes of the wire contract (spec §4.5).
+CODE_BUDGET_EXCEEDED = 1
+CODE_RATE_LIMITED = 2
+CODE_PAYLOAD_TOO_LARGE = 3
+CODE_SIGNUP_CAP = 4
+CODE_UPSTREAM_RATE_LIMITED = 5
+CODE_INVALID_MODEL_NAME = 8
+CODE_INVALID_REQUEST = 9
+
+GENERIC_UPSTREAM_MESSAGE = "Upstream service returned an error"
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """What a classified upstream error means to clients and to the metrics (spec §4.5)."""
+
+    status: int
+    code: int
+    retry_after: int | None
+    rejection_reason: str
+    availability_reason: str
+    log_prefix: str
+
+
+class ApiError(Exception):
+    """An error with a definite HTTP status and body."""
+
+    status: int = 500
+
+    def __init__(
+        self,
+        detail: Any,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if status is not None:
+            self.status = status
+        self.headers: Mapping[str, str] = headers or {}
+
+    def body(self) -> Any:
+        return {"detail": self.detail}
+
+
+class RequestInvalid(ApiError):
+    """Malformed body or headers, in the reference's 422 list shape."""
+
+    status = 422
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors)
+
+
+def validation_error(loc: tuple[str | int, ...], msg: str, type_: str) -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg, "type": type_}
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+
+    def __init__(self, *, bare: bool) -> None:
+        super().__init__({"error": CODE_PAYLOAD_TOO_LARGE})
+        self.bare = bare
+
+    def body(self) -> Any:
+        return self.detail if self.bare else {"detail": self.detail}
+
+
+class InvalidModelName(ApiError):
+    status = 400
+
+    def __init__(self) -> None:
+        super().__init__({"error": CODE_INVALID_MODEL_NAME})
+
+
+class BadRequest(ApiError):
+    status = 400
+
+
+class AuthRejected(ApiError):
+    status = 401
+
+
+class Forbidden(ApiError):
+    status = 403
+
+
+class SignupCapExceeded(Forbidden):
+    def __init__(self) -> None:
+        super().__init__({"error": CODE_SIGNUP_CAP})
+
+
+class UserBlocked(Forbidden):
+    def __init__(self) -> None:
+        super().__init__({"error": "User is blocked."})
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class UpstreamRejected(ApiError):
+    """LiteLLM refused the request for a reason clients understand (a classified error)."""
+
+    def __init__(self, classification: Classification) -> None:
+        headers = {}
+        if classification.retry_after is not None:
+            headers["Retry-After"] = str(classification.retry_after)
+        super().__init__({"error": classification.code}, status=classification.status, headers=headers)
+        self.classification = classification
+
+
+class UpstreamError(ApiError):
+    """LiteLLM failed in a way we do not classify, or could not be reached."""
+
+    def __init__(self, message: str, *, status: int = 502) -> None:
+        super().__init__({"error": message}, status=status)
+
+
+class ServerFault(ApiError):
+    status = 500

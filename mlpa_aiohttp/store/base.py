@@ -1,0 +1,91 @@
+"""What the service needs from a user store: LiteLLM end users, budgets, the signup cap.
+
+Two implementations honour this contract: `memory.MemoryUserStore` (demo, tests) and
+`postgres.PostgresUserStore` (production: LiteLLM's own tables plus the app database).
+One contract test suite runs against both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Protocol
+
+from ..catalog import BudgetTier, ServiceType
+
+
+class StoreUnavailable(Exception):
+    """The backing database failed (down, timed out, lock timeout)."""
+
+
+class CapacityStateMissing(Exception):
+    """The signup-capacity row was never seeded (run the migrations)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndUser:
+    user_id: str
+    budget_id: str | None
+    blocked: bool
+    # The whole LiteLLM row, JSON-ready, for the admin API.
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    admitted: bool
+    newly_claimed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityState:
+    max_identities: int
+    current_identities: int
+    updated_at: datetime | None
+
+
+class CustomerCreator(Protocol):
+    """The part of the LiteLLM client a store needs: `POST /customer/new`."""
+
+    async def create_customer(self, user_id: str, budget_id: str) -> None: ...
+
+
+class UserStore(Protocol):
+    # -- end users -----------------------------------------------------------------
+    async def get_user(self, user_id: str) -> EndUser | None: ...
+
+    async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
+        """Ask LiteLLM to create the end user (its status is ignored, so a concurrent
+        duplicate is harmless), then re-read; None when the user still does not exist."""
+        ...
+
+    # -- signup cap (called only when enforcement is on) ----------------------------
+    async def admit(self, base_identity: str) -> Admission:
+        """Claim a slot for a base identity under the global lock; raises
+        `CapacityStateMissing` when the capacity row is absent."""
+        ...
+
+    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+        """Give the slot back unless the identity has a user row of a capped type."""
+        ...
+
+    async def capacity_state(self) -> CapacityState | None: ...
+
+    # -- startup -------------------------------------------------------------------
+    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None: ...
+
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None: ...
+
+    # -- admin ---------------------------------------------------------------------
+    async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]: ...
+
+    async def counts_by_service_type(self) -> dict[str, int]: ...
+
+    async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None: ...
+
+    async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None: ...
+
+    # -- health --------------------------------------------------------------------
+    async def ping(self) -> dict[str, bool]:
+        """Reachability per database, e.g. {"postgres": True, "app_attest": True}."""
+        ...

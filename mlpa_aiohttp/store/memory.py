@@ -1,0 +1,135 @@
+"""In-process user store for the demo and tests (`MLPA_STORE=memory`).
+
+Same contract as the Postgres store: users are created through LiteLLM's `/customer/new`
+(so the demo's fake LiteLLM sees the call), and the signup cap is a set of claimed base
+identities guarded by one lock. Nothing survives a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from ..catalog import BudgetTier, ServiceType
+from .base import Admission, CapacityState, CapacityStateMissing, CustomerCreator, EndUser
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class MemoryUserStore:
+    def __init__(self, customers: CustomerCreator) -> None:
+        self._customers = customers
+        self._users: dict[str, dict[str, Any]] = {}
+        self._budgets: dict[str, BudgetTier] = {}
+        self._claims: set[str] = set()
+        self._capacity: CapacityState | None = None
+        self._lock = asyncio.Lock()
+
+    # -- end users -----------------------------------------------------------------
+    async def get_user(self, user_id: str) -> EndUser | None:
+        row = self._users.get(user_id)
+        return None if row is None else _end_user(row)
+
+    async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
+        await self._customers.create_customer(user_id, budget_id)
+        # The Postgres store re-reads LiteLLM's table here; in memory we record the row
+        # LiteLLM would have written (setdefault keeps a concurrent creator's row).
+        row = self._users.setdefault(
+            user_id,
+            {"user_id": user_id, "alias": None, "spend": 0.0, "budget_id": budget_id, "blocked": False},
+        )
+        return _end_user(row)
+
+    def add_user(self, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+        """Seed a user directly (tests, demo)."""
+        self._users[user_id] = {
+            "user_id": user_id,
+            "alias": None,
+            "spend": 0.0,
+            "budget_id": budget_id,
+            "blocked": blocked,
+        }
+
+    # -- signup cap ----------------------------------------------------------------
+    async def admit(self, base_identity: str) -> Admission:
+        async with self._lock:
+            if self._capacity is None:
+                raise CapacityStateMissing()
+            if base_identity in self._claims:
+                return Admission(admitted=True, newly_claimed=False)
+            if self._capacity.current_identities >= self._capacity.max_identities:
+                return Admission(admitted=False, newly_claimed=False)
+            self._claims.add(base_identity)
+            self._set_current(self._capacity.current_identities + 1)
+            return Admission(admitted=True, newly_claimed=True)
+
+    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+        if self._has_capped_user(base_identity, capped):
+            return
+        async with self._lock:
+            if self._capacity is not None and base_identity in self._claims:
+                self._claims.discard(base_identity)
+                self._set_current(max(0, self._capacity.current_identities - 1))
+
+    async def capacity_state(self) -> CapacityState | None:
+        return self._capacity
+
+    def _set_current(self, current: int) -> None:
+        assert self._capacity is not None
+        self._capacity = CapacityState(self._capacity.max_identities, current, _now())
+
+    def _has_capped_user(self, base_identity: str, capped: frozenset[ServiceType]) -> bool:
+        return any(f"{base_identity}:{st.value}" in self._users for st in capped)
+
+    # -- startup -------------------------------------------------------------------
+    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None:
+        self._budgets = {tier.budget_id: tier for tier in budgets.values()}
+
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None:
+        capped_values = {st.value for st in capped}
+        async with self._lock:
+            self._claims = {
+                base
+                for base, _, suffix in (uid.partition(":") for uid in self._users)
+                if suffix in capped_values
+            }
+            self._capacity = CapacityState(max_identities, len(self._claims), _now())
+
+    # -- admin ---------------------------------------------------------------------
+    async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]:
+        ordered = [dict(self._users[k]) for k in sorted(self._users)]
+        return ordered[offset : offset + limit], len(ordered)
+
+    async def counts_by_service_type(self) -> dict[str, int]:
+        counts = Counter(uid.split(":")[1] for uid in self._users if ":" in uid)
+        return dict(counts)
+
+    async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        row = self._users.get(user_id)
+        if row is None:
+            return None
+        row["budget_id"] = budget_id
+        return _end_user(row)
+
+    async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None:
+        row = self._users.get(user_id)
+        if row is None:
+            return None
+        row["blocked"] = blocked
+        return _end_user(row)
+
+    async def ping(self) -> dict[str, bool]:
+        return {"postgres": True, "app_attest": True}
+
+
+def _end_user(row: Mapping[str, Any]) -> EndUser:
+    return EndUser(
+        user_id=row["user_id"],
+        budget_id=row.get("budget_id"),
+        blocked=bool(row.get("blocked")),
+        record=dict(row),
+    )
