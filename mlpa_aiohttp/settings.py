@@ -45,20 +45,22 @@ class _Env:
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._values = {k.upper(): v for k, v in environ.items()}
+        self.names_read: set[str] = set()
 
     def raw(self, name: str) -> str | None:
+        self.names_read.add(name)
         return self._values.get(name)
 
     def str(self, name: str, default: str) -> str:
-        value = self._values.get(name)
+        value = self.raw(name)
         return default if value is None else value.strip()
 
     def optional_str(self, name: str) -> str | None:
-        value = self._values.get(name, "").strip()
+        value = (self.raw(name) or "").strip()
         return value or None
 
     def _parse(self, name: str, default: T, kind: str, parse: Callable[[str], T]) -> T:
-        value = self._values.get(name)
+        value = self.raw(name)
         if value is None or value.strip() == "":
             return default
         try:
@@ -249,7 +251,10 @@ class Settings:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], *, demo: bool = False) -> "Settings":
-        env = _Env(environ)
+        return cls._read(_Env(environ), demo=demo)
+
+    @classmethod
+    def _read(cls, env: _Env, *, demo: bool) -> "Settings":
         debug = env.bool("MLPA_DEBUG", False)
         settings = cls(
             server=_server(env, debug=debug, demo=demo),
@@ -410,3 +415,10 @@ def _refuse_default_secrets(env: _Env) -> None:
                 f"{name}: still the documented default; set a real secret "
                 "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"
             )
+
+
+def variable_names() -> frozenset[str]:
+    """Every environment variable the settings read (for docs and manifest checks)."""
+    env = _Env({"MLPA_DEBUG": "true"})
+    Settings._read(env, demo=False)
+    return frozenset(env.names_read)
