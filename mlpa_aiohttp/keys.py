@@ -9,9 +9,19 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from .auth.dispatch import Authenticator
+from .observability.metrics import Metrics
+from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
+from .store.provisioning import Provisioner
+from .upstream.litellm import LiteLLMClient
 
 SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", Metrics)
+STREAMS = web.AppKey("streams", StreamTracker)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
+LITELLM = web.AppKey("litellm", LiteLLMClient)
 STORE = web.AppKey("store", UserStore)
+PROVISIONER = web.AppKey("provisioner", Provisioner)
+AUTHENTICATOR = web.AppKey("authenticator", Authenticator)

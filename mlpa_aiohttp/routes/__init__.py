@@ -1,0 +1,16 @@
+"""Every URL of the service, in one place."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from . import health, proxy
+
+
+def setup_routes(app: web.Application) -> None:
+    router = app.router
+    router.add_get("/health/liveness", health.liveness)
+    router.add_get("/health/readiness", health.readiness)
+    router.add_get("/metrics", health.metrics)
+    router.add_post("/v1/chat/completions", proxy.chat_completions)
+    router.add_post("/v1/search", proxy.search)

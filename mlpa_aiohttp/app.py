@@ -1,0 +1,94 @@
+"""Application assembly.
+
+`create_app(settings)` is pure: it wires collaborators from settings and never reads the
+environment (tests call it directly). `app_factory()` is the gunicorn entry
+(`mlpa_aiohttp.app:app_factory`): the one place that reads `os.environ` and configures
+process-wide logging.
+
+Startup order (cleanup contexts run in this order, and unwind in reverse):
+1. the shared upstream ClientSession, the LiteLLM client and the authenticator;
+2. the user store (memory, or Postgres pools), budgets upserted, capacity state seeded.
+Shutdown: `on_shutdown` drains open streams (decision 6) before the contexts unwind.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from . import keys
+from .auth.dispatch import Authenticator
+from .auth.fxa import FxAVerifier
+from .middlewares import add_security_headers, error_mapping, request_context
+from .observability.logging import configure_logging
+from .observability.metrics import Metrics
+from .relay.tracker import StreamTracker
+from .routes import setup_routes
+from .settings import Settings
+from .store.memory import MemoryUserStore
+from .store.provisioning import Provisioner
+from .upstream.litellm import LiteLLMClient, open_session
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        middlewares=[request_context, error_mapping],
+        client_max_size=settings.server.max_request_size_bytes,
+        # Cancel the handler when the client's connection is lost: the disconnect
+        # signal costs nothing while a stream idles. Set here, not on a runner, so
+        # gunicorn's worker, run_app and the test server all behave the same.
+        handler_args={
+            "handler_cancellation": True,
+            "keepalive_timeout": settings.server.keepalive_timeout_seconds,
+        },
+    )
+    app[keys.SETTINGS] = settings
+    app[keys.METRICS] = Metrics(CollectorRegistry(auto_describe=True))
+    app[keys.STREAMS] = StreamTracker()
+    app.cleanup_ctx.append(_upstream_context)
+    app.cleanup_ctx.append(_store_context)
+    app.on_shutdown.append(_drain_streams)
+    app.on_response_prepare.append(add_security_headers)
+    setup_routes(app)
+    return app
+
+
+async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[keys.SETTINGS]
+    async with open_session(settings.upstream) as session:
+        app[keys.HTTP_SESSION] = session
+        app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
+        app[keys.AUTHENTICATOR] = Authenticator(
+            fxa=FxAVerifier(session, settings.fxa),
+            metrics=app[keys.METRICS],
+            dev_token=settings.auth.experimentation_token,
+        )
+        yield
+
+
+async def _store_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[keys.SETTINGS]
+    if settings.store != "memory":
+        raise RuntimeError("MLPA_STORE=postgres is not available in this build; use MLPA_STORE=memory")
+    store = MemoryUserStore(app[keys.LITELLM])
+    await store.ensure_budgets(settings.budgets)
+    await store.ensure_capacity_state(
+        settings.signup_cap.max_signed_in_users, settings.signup_cap.capped_service_types
+    )
+    app[keys.STORE] = store
+    app[keys.PROVISIONER] = Provisioner(store, settings.budgets, settings.signup_cap)
+    yield
+
+
+async def _drain_streams(app: web.Application) -> None:
+    await app[keys.STREAMS].shutdown(app[keys.SETTINGS].server.shutdown_drain_seconds)
+
+
+async def app_factory() -> web.Application:
+    """The gunicorn entry point: configuration from the process environment."""
+    settings = Settings.from_environ(os.environ)
+    configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    return create_app(settings)

@@ -1,0 +1,162 @@
+"""Middlewares and response signals. Order (outermost first), and why:
+
+1. `request_context` binds the log context, times the request and writes the one
+   canonical log line and request metrics, also for cancelled (client-gone) requests.
+   Outermost, so it sees the final status of everything below, 413s and 404s included.
+2. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
+   JSON bodies; unhandled exceptions become a 500 JSON body, logged once with traceback.
+   It also applies the Content-Length limit (decision 7) before any handler reads.
+
+Security headers are added in `on_response_prepare`, so streamed responses get them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from . import keys
+from .errors import ApiError, PayloadTooLarge
+from .observability.labels import clamp_method, clamp_purpose, clamp_service_type, major_firefox_version
+
+log = structlog.get_logger("mlpa_aiohttp.request")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+CHAT_PATH = "/v1/chat/completions"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def route_label(request: web.Request) -> str:
+    """The matched route template; unmatched paths share one label (decision 9)."""
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
+    incoming_id = request.headers.get("x-request-id", "")
+    request_id = incoming_id if _REQUEST_ID.match(incoming_id) else uuid.uuid4().hex
+    route = route_label(request)
+    headers = request.headers
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(
+        request_id=request_id,
+        method=request.method,
+        route=route,
+        service_type=headers.get("service-type", "N/A"),
+        purpose=headers.get("purpose", "N/A"),
+        session_id=headers.get("session-id", "N/A"),
+        user_agent=headers.get("user-agent", "N/A"),
+    )
+    metrics = request.app[keys.METRICS]
+    metrics.in_progress.inc()
+    started = time.monotonic()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except asyncio.CancelledError:
+        status = 499  # nginx's "client closed request": no response was completed
+        structlog.contextvars.bind_contextvars(client_disconnected=True)
+        raise
+    finally:
+        elapsed = time.monotonic() - started
+        metrics.in_progress.dec()
+        method = clamp_method(request.method)
+        if status != 499:
+            metrics.requests.labels(
+                method,
+                route,
+                clamp_service_type(headers.get("service-type")),
+                clamp_purpose(headers.get("purpose", "").strip()),
+                major_firefox_version(headers.get("user-agent")),
+            ).inc()
+            metrics.status_codes.labels(str(status)).inc()
+            metrics.request_latency.labels(method, route).observe(elapsed)
+        context = structlog.contextvars.get_contextvars()
+        event = "client_disconnected" if context.get("client_disconnected") else "request"
+        log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path)
+        structlog.contextvars.clear_contextvars()
+
+
+def _json_error(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _too_large(request: web.Request) -> PayloadTooLarge:
+    # Decision 7: the chat route keeps the reference's bare body.
+    return PayloadTooLarge(bare=request.path == CHAT_PATH)
+
+
+@web.middleware
+async def error_mapping(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        if request.method in _BODY_METHODS:
+            limit = request.app[keys.SETTINGS].server.max_request_size_bytes
+            length = request.content_length
+            if length is not None and length > limit:
+                raise _too_large(request)
+        return await handler(request)
+    except ApiError as error:
+        if isinstance(error, PayloadTooLarge):
+            _record_oversized(request)
+        return _json_error(error.status, error.body(), dict(error.headers))
+    except web.HTTPRequestEntityTooLarge:
+        # aiohttp's client_max_size stopped a body (chunked uploads included).
+        error = _too_large(request)
+        _record_oversized(request)
+        return _json_error(error.status, error.body())
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _json_error(exc.status, {"detail": exc.reason}, _allow_header(exc))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as exc:
+        log.error("unhandled_error", error_type=type(exc).__name__, exc_info=exc)
+        return _json_error(500, {"detail": "Internal Server Error"})
+
+
+def _allow_header(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}
+
+
+def _record_oversized(request: web.Request) -> None:
+    log.warning("request_too_large", content_length=request.content_length)
+    if request.path == CHAT_PATH:
+        request.app[keys.METRICS].chat_availability(
+            "payload_too_large",
+            model=None,
+            service_type=clamp_service_type(request.headers.get("service-type")),
+            purpose=clamp_purpose(request.headers.get("purpose", "").strip()),
+        )
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: runs for JSON, error and streamed responses alike (§5.1)."""
+    server = request.app[keys.SETTINGS].server
+    if not server.security_headers_enabled:
+        return
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    if request.scheme == "https" or request.headers.get("X-Forwarded-Proto") == "https":
+        value = f"max-age={server.hsts_max_age}"
+        if server.hsts_include_subdomains:
+            value += "; includeSubDomains"
+        response.headers["Strict-Transport-Security"] = value

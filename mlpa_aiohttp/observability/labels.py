@@ -1,0 +1,77 @@
+"""Bounded label values: every client-supplied metric label is clamped (spec §6)."""
+
+from __future__ import annotations
+
+import re
+
+from ..catalog import ALL_PURPOSES, ServiceType
+
+MODEL_ALLOWLIST = frozenset(
+    {
+        "exa",
+        "exa-search",
+        "gemini-2.5-flash-lite",
+        "gemini-3.1-flash-lite",
+        "gpt-oss-120b",
+        "openai/gpt-4o",
+        "mistral-small-2503",
+        "mistral-small-2603",
+        "moz-summarization",
+        "qwen3-235b-a22b-instruct-2507-maas",
+        "vertex_ai/mistral-small-2503",
+    }
+)
+_SERVICE_TYPES = frozenset(st.value for st in ServiceType)
+_METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})
+_FIREFOX_VERSION = re.compile(r".*?Firefox/(\d+)\.\d+")
+
+# ISO 3166-1 alpha-2, officially assigned codes (249).
+COUNTRY_CODES = frozenset(
+    """
+    AD AE AF AG AI AL AM AO AQ AR AS AT AU AW AX AZ BA BB BD BE BF BG BH BI BJ BL BM BN BO BQ
+    BR BS BT BV BW BY BZ CA CC CD CF CG CH CI CK CL CM CN CO CR CU CV CW CX CY CZ DE DJ DK DM
+    DO DZ EC EE EG EH ER ES ET FI FJ FK FM FO FR GA GB GD GE GF GG GH GI GL GM GN GP GQ GR GS
+    GT GU GW GY HK HM HN HR HT HU ID IE IL IM IN IO IQ IR IS IT JE JM JO JP KE KG KH KI KM KN
+    KP KR KW KY KZ LA LB LC LI LK LR LS LT LU LV LY MA MC MD ME MF MG MH MK ML MM MN MO MP MQ
+    MR MS MT MU MV MW MX MY MZ NA NC NE NF NG NI NL NO NP NR NU NZ OM PA PE PF PG PH PK PL PM
+    PN PR PS PT PW PY QA RE RO RS RU RW SA SB SC SD SE SG SH SI SJ SK SL SM SN SO SR SS ST SV
+    SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO TR TT TV TW TZ UA UG UM US UY UZ VA VC VE VG VI
+    VN VU WF WS YE YT ZA ZM ZW
+    """.split()
+)
+
+
+def clamp_model(model: str | None) -> str:
+    return model if model in MODEL_ALLOWLIST else "invalid"
+
+
+def clamp_service_type(value: str | None) -> str:
+    if not value:
+        return ""
+    return value if value in _SERVICE_TYPES else "other"
+
+
+def clamp_purpose(value: str | None) -> str:
+    if not value:
+        return ""
+    return value if value in ALL_PURPOSES else "other"
+
+
+def clamp_method(value: str) -> str:
+    upper = value.upper()
+    return upper if upper in _METHODS else "INVALID"
+
+
+def clamp_country(value: str | None) -> str:
+    return value if value in COUNTRY_CODES else "unknown"
+
+
+def major_firefox_version(user_agent: str | None) -> str:
+    """The Firefox major version from a User-Agent, kept only if 100..199."""
+    if not user_agent:
+        return ""
+    match = _FIREFOX_VERSION.match(user_agent)
+    if match is None:
+        return ""
+    major = match.group(1)
+    return major if len(major) == 3 and major.startswith("1") else "unknown"

@@ -1,0 +1,187 @@
+"""Prometheus metrics of spec §6, on a registry owned by the app (no global registry).
+
+Under gunicorn with several workers, `PROMETHEUS_MULTIPROC_DIR` makes prometheus-client
+write values to per-process files, and `/metrics` aggregates them (decision 19).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+from .labels import clamp_model, clamp_purpose, clamp_service_type
+
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+FAST_AUTH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+AUTH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+FXA_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+COMPLETION_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 180)
+SEARCH_BUCKETS = (0.1, 0.2, 0.5, 1, 2.5, 5, 10, 20)
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+TOOL_CALL_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50)
+TOKEN_BUCKETS = (0, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000)
+ATTEMPT_BUCKETS = (0, 1, 2, 3, 5)
+
+# Availability outcome is a pure function of the reason (spec §6).
+AVAILABILITY_OUTCOME: Mapping[str, str] = {
+    "auth_rejected": "excluded",
+    "invalid_auth_request": "excluded",
+    "invalid_service_type_for_model": "excluded",
+    "invalid_model_name": "excluded",
+    "signup_cap_exceeded": "excluded",
+    "blocked": "excluded",
+    "provisioning_failure": "failure",
+    "auth_system_failure": "failure",
+    "valid_response": "success",
+    "upstream_error": "failure",
+    "empty_response": "failure",
+    "budget_exceeded": "excluded",
+    "rate_limited_platform": "excluded",
+    "rate_limited_upstream": "excluded",
+    "payload_too_large": "excluded",
+    "invalid_request": "excluded",
+    "client_disconnect": "abort",
+}
+
+_CHAT = ("model", "service_type", "purpose")
+_ROUTED = ("requested_model", "backend", "service_type", "purpose")
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.in_progress = Gauge(
+            "mlpa_in_progress_requests", "Requests in progress", registry=r, multiprocess_mode="livesum"
+        )
+        self.open_streams = Gauge(
+            "mlpa_open_streams", "Streaming completions being relayed", registry=r, multiprocess_mode="livesum"
+        )
+        self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
+        self.requests = Counter(
+            "mlpa_requests",
+            "Requests",
+            ("method", "endpoint", "service_type", "purpose", "major_fx_version"),
+            registry=r,
+        )
+        self.requests_by_country = Counter(
+            "mlpa_requests_by_country", "Requests by country", ("service_type", "model", "client_country"), registry=r
+        )
+        self.status_codes = Counter("mlpa_response_status_codes", "Responses by status", ("status_code",), registry=r)
+        self.request_latency = Histogram(
+            "mlpa_request_latency_seconds", "Request latency", ("method", "endpoint"), buckets=REQUEST_BUCKETS, registry=r
+        )
+        self.challenge_latency = Histogram(
+            "mlpa_validate_challenge_latency_seconds", "Challenge validation", ("result",), buckets=FAST_AUTH_BUCKETS, registry=r
+        )
+        self.app_attest_latency = Histogram(
+            "mlpa_validate_app_attest_latency_seconds", "Attestation verification", ("result",), buckets=AUTH_BUCKETS, registry=r
+        )
+        self.app_assert_latency = Histogram(
+            "mlpa_validate_app_assert_latency_seconds", "Assertion verification", ("result",), buckets=AUTH_BUCKETS, registry=r
+        )
+        self.fxa_latency = Histogram(
+            "mlpa_validate_fxa_latency_seconds",
+            "FxA verification",
+            ("result", "verification_source"),
+            buckets=FXA_BUCKETS,
+            registry=r,
+        )
+        self.play_latency = Histogram(
+            "mlpa_validate_play_latency_seconds", "Play Integrity verification", ("result",), buckets=AUTH_BUCKETS, registry=r
+        )
+        self.access_token_latency = Histogram(
+            "mlpa_validate_access_token_latency_seconds", "Access token check", ("result",), buckets=AUTH_BUCKETS, registry=r
+        )
+        self.fxa_verifications = Counter(
+            "mlpa_fxa_verifications", "Successful FxA verifications", ("verification_source",), registry=r
+        )
+        self.play_verifications = Counter("mlpa_play_verifications", "Successful Play verifications", registry=r)
+        self.access_token_verifications = Counter(
+            "mlpa_access_token_verifications", "Successful access token checks", registry=r
+        )
+        self.completion_latency = Histogram(
+            "mlpa_chat_completion_latency_seconds",
+            "Completion latency",
+            ("result", *_CHAT),
+            buckets=COMPLETION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "mlpa_chat_completion_ttft_seconds", "Time to first upstream chunk", ("model",), buckets=TTFT_BUCKETS, registry=r
+        )
+        self.tokens = Counter("mlpa_chat_tokens", "Tokens", ("type", *_CHAT), registry=r)
+        self.tokens_per_request = Histogram(
+            "mlpa_chat_tokens_per_request", "Tokens per request", ("type", *_CHAT), buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.tool_calls = Counter("mlpa_chat_tool_calls", "Tool calls", _CHAT, registry=r)
+        self.completions_with_tools = Counter(
+            "mlpa_chat_completions_with_tools", "Completions with tool calls", _CHAT, registry=r
+        )
+        self.tool_calls_per_completion = Histogram(
+            "mlpa_chat_tool_calls_per_completion", "Tool calls per completion", _CHAT, buckets=TOOL_CALL_BUCKETS, registry=r
+        )
+        self.requests_with_tools = Counter(
+            "mlpa_chat_requests_with_tools", "Requests offering tools", _CHAT, registry=r
+        )
+        self.chat_rejections = Counter(
+            "mlpa_chat_request_rejections", "Rejected chat requests", ("reason", *_CHAT), registry=r
+        )
+        self.availability = Counter(
+            "mlpa_chat_availability", "Chat availability samples", ("outcome", "reason", *_CHAT), registry=r
+        )
+        self.search_latency = Histogram(
+            "mlpa_search_latency_seconds", "Search latency", ("result",), buckets=SEARCH_BUCKETS, registry=r
+        )
+        self.search_rejections = Counter(
+            "mlpa_search_request_rejections", "Rejected searches", ("reason", *_CHAT), registry=r
+        )
+        self.routed_completions = Counter(
+            "mlpa_litellm_routed_completions", "Completions by LiteLLM route", (*_ROUTED, "fallback_used"), registry=r
+        )
+        self.attempted_fallbacks = Histogram(
+            "mlpa_litellm_attempted_fallbacks", "LiteLLM fallbacks", _ROUTED, buckets=ATTEMPT_BUCKETS, registry=r
+        )
+        self.attempted_retries = Histogram(
+            "mlpa_litellm_attempted_retries", "LiteLLM retries", _ROUTED, buckets=ATTEMPT_BUCKETS, registry=r
+        )
+        self.reported_duration = Histogram(
+            "mlpa_litellm_reported_duration_seconds",
+            "LiteLLM-reported duration",
+            (*_ROUTED, "fallback_used"),
+            buckets=COMPLETION_BUCKETS,
+            registry=r,
+        )
+        self.reported_cost = Counter(
+            "mlpa_litellm_reported_cost_usd", "LiteLLM-reported cost", (*_ROUTED, "fallback_used"), registry=r
+        )
+        self.routed_tokens = Counter(
+            "mlpa_litellm_routed_tokens", "Tokens by LiteLLM route", ("type", *_ROUTED, "fallback_used"), registry=r
+        )
+
+    # -- helpers used at the recording sites -----------------------------------------
+    def chat_availability(self, reason: str, *, model: str | None, service_type: str, purpose: str) -> None:
+        self.availability.labels(
+            AVAILABILITY_OUTCOME[reason],
+            reason,
+            clamp_model(model),
+            clamp_service_type(service_type),
+            clamp_purpose(purpose),
+        ).inc()
+
+    def chat_rejection(self, reason: str, *, model: str | None, service_type: str, purpose: str) -> None:
+        self.chat_rejections.labels(
+            reason, clamp_model(model), clamp_service_type(service_type), clamp_purpose(purpose)
+        ).inc()
+
+
+def exposition(registry: CollectorRegistry, multiproc_dir: str | None) -> bytes:
+    """The text exposition; aggregated across workers in multiprocess mode."""
+    if multiproc_dir and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        aggregate = CollectorRegistry()
+        multiprocess.MultiProcessCollector(aggregate, path=multiproc_dir)
+        return generate_latest(aggregate)
+    return generate_latest(registry)

@@ -1,0 +1,131 @@
+"""Non-streaming relays: a completion or a search, read whole and returned as JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from ..errors import GENERIC_UPSTREAM_MESSAGE, UpstreamError, UpstreamRejected
+from ..observability.labels import clamp_purpose, clamp_service_type
+from ..observability.metrics import Metrics
+from ..upstream.bodies import encode_json
+from ..upstream.classify import classify, error_detail
+from ..upstream.litellm import LiteLLMClient
+from ..upstream.routing import RoutingInfo
+from .outcome import CompletionOutcome, Usage
+from .sse import StreamAccountant
+
+log = structlog.get_logger(__name__)
+
+PROXY_FAILED_MESSAGE = "Failed to proxy request"
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError)
+
+
+def _json_response(payload: Any) -> web.Response:
+    return web.Response(body=encode_json(payload), content_type="application/json")
+
+
+def _proxy_failed(exc: BaseException, *, debug: bool, what: str) -> UpstreamError:
+    log.error(
+        f"{what}_proxy_failed",
+        error_type=type(exc).__name__,
+        error=str(exc) or repr(exc),
+        exc_info=exc,
+    )
+    return UpstreamError(f"{type(exc).__name__}: {exc}" if debug else PROXY_FAILED_MESSAGE)
+
+
+def _unclassified(status: int, text: str, *, debug: bool, what: str) -> UpstreamError:
+    detail = error_detail(text)
+    log.error(f"{what}_upstream_error", upstream_status=status, upstream_detail=detail)
+    return UpstreamError(detail if debug else GENERIC_UPSTREAM_MESSAGE, status=status)
+
+
+async def relay_completion(
+    *, client: LiteLLMClient, body: bytes, outcome: CompletionOutcome, debug: bool
+) -> web.Response:
+    try:
+        async with client.completion(body, stream=False) as upstream:
+            text = await upstream.text()
+            status, headers = upstream.status, upstream.headers
+            if 200 <= status < 300:
+                payload = json.loads(text)
+    except _TRANSPORT_ERRORS as exc:
+        outcome.failed()
+        raise _proxy_failed(exc, debug=debug, what="completion") from None
+    except asyncio.CancelledError:
+        outcome.aborted()
+        raise
+    if not 200 <= status < 300:
+        classification = classify(status, text)
+        if classification is not None:
+            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=error_detail(text))
+            outcome.rejected(classification)
+            raise UpstreamRejected(classification)
+        outcome.failed()
+        raise _unclassified(status, text, debug=debug, what="completion")
+    outcome.succeeded(_usage_of(payload), RoutingInfo.from_headers(headers))
+    return _json_response(payload)
+
+
+def _usage_of(payload: Any) -> Usage:
+    accountant = StreamAccountant()
+    if not isinstance(payload, dict):
+        return Usage(0, 0, 0)
+    usage = payload.get("usage")
+    prompt = completion = 0
+    if isinstance(usage, dict):
+        prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
+        completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
+    if not isinstance(usage, dict) or "prompt_tokens" not in usage or "completion_tokens" not in usage:
+        log.warning("usage_field_missing")
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+            accountant.add_tool_calls(message["tool_calls"])
+    return Usage(prompt, completion, accountant.tool_call_count)
+
+
+async def relay_search(
+    *,
+    client: LiteLLMClient,
+    body: bytes,
+    metrics: Metrics,
+    service_type: str,
+    purpose: str,
+    debug: bool,
+) -> web.Response:
+    started = time.monotonic()
+    result = "error"
+    try:
+        try:
+            reply = await client.search(body)
+        except _TRANSPORT_ERRORS as exc:
+            raise _proxy_failed(exc, debug=debug, what="search") from None
+        if not 200 <= reply.status < 300:
+            classification = classify(reply.status, reply.text)
+            if classification is None:
+                raise _unclassified(reply.status, reply.text, debug=debug, what="search")
+            log.warning(classification.log_prefix, upstream_status=reply.status, upstream_detail=error_detail(reply.text))
+            metrics.search_rejections.labels(
+                classification.rejection_reason, "exa-search", clamp_service_type(service_type), clamp_purpose(purpose)
+            ).inc()
+            raise UpstreamRejected(classification)
+        try:
+            payload = json.loads(reply.text)
+        except ValueError as exc:
+            raise _proxy_failed(exc, debug=debug, what="search") from None
+        result = "success"
+        return _json_response(payload)
+    except asyncio.CancelledError:
+        result = "abort"
+        raise
+    finally:
+        metrics.search_latency.labels(result).observe(time.monotonic() - started)

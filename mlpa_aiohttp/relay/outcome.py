@@ -1,0 +1,95 @@
+"""How one proxied completion ended: metrics and log fields, recorded exactly once.
+
+Both relays (JSON and SSE) report their outcome here; every method is synchronous so it
+is safe in `finally` blocks of cancelled handlers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from ..errors import Classification
+from ..observability.labels import clamp_model
+from ..observability.metrics import Metrics
+from ..upstream.routing import RoutingInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    tool_calls: int
+
+
+class CompletionOutcome:
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started", "recorded")
+
+    def __init__(self, metrics: Metrics, *, model: str, service_type: str, purpose: str, started: float) -> None:
+        self._metrics = metrics
+        self.model = model
+        self.service_type = service_type
+        self.purpose = purpose
+        self._started = started
+        self.recorded: str | None = None
+
+    def _finish(self, result: str, model_label: str, availability_reason: str) -> bool:
+        if self.recorded is not None:
+            return False
+        self.recorded = result
+        elapsed = time.monotonic() - self._started
+        m = self._metrics
+        m.completion_latency.labels(result, model_label, self.service_type, self.purpose).observe(elapsed)
+        m.chat_availability(availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose)
+        structlog.contextvars.bind_contextvars(result=result, completion_seconds=round(elapsed, 4))
+        return True
+
+    def succeeded(self, usage: Usage, routing: RoutingInfo) -> None:
+        # Success-side metrics use the real (validated) model name, failures the clamp.
+        if not self._finish("success", self.model, "valid_response"):
+            return
+        m, labels = self._metrics, (self.model, self.service_type, self.purpose)
+        for kind, count in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
+            if count > 0:
+                m.tokens.labels(kind, *labels).inc(count)
+                m.tokens_per_request.labels(kind, *labels).observe(count)
+        if usage.tool_calls > 0:
+            m.tool_calls.labels(*labels).inc(usage.tool_calls)
+            m.completions_with_tools.labels(*labels).inc()
+            m.tool_calls_per_completion.labels(*labels).observe(usage.tool_calls)
+        routed = (self.model, routing.backend, self.service_type, self.purpose)
+        m.routed_completions.labels(*routed, routing.fallback_used).inc()
+        m.attempted_fallbacks.labels(*routed).observe(routing.attempted_fallbacks)
+        m.attempted_retries.labels(*routed).observe(routing.attempted_retries)
+        if routing.duration_seconds is not None:
+            m.reported_duration.labels(*routed, routing.fallback_used).observe(routing.duration_seconds)
+        if routing.cost_usd is not None:
+            m.reported_cost.labels(*routed, routing.fallback_used).inc(routing.cost_usd)
+        for kind, count in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
+            if count > 0:
+                m.routed_tokens.labels(kind, *routed, routing.fallback_used).inc(count)
+        structlog.contextvars.bind_contextvars(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            tool_calls=usage.tool_calls,
+            litellm_backend=routing.backend,
+            litellm_fallbacks=routing.attempted_fallbacks,
+            litellm_retries=routing.attempted_retries,
+            litellm_duration_seconds=routing.duration_seconds,
+            litellm_cost_usd=routing.cost_usd,
+        )
+
+    def rejected(self, classification: Classification) -> None:
+        if self._finish("error", clamp_model(self.model), classification.availability_reason):
+            self._metrics.chat_rejection(
+                classification.rejection_reason, model=self.model, service_type=self.service_type, purpose=self.purpose
+            )
+
+    def failed(self, reason: str = "upstream_error") -> None:
+        self._finish("error", clamp_model(self.model), reason)
+
+    def aborted(self) -> None:
+        self._finish("abort", clamp_model(self.model), "client_disconnect")
+

@@ -1,0 +1,108 @@
+"""Usage and tool-call accounting over a relayed SSE byte stream (decision 2).
+
+The relay forwards bytes untouched; this accountant sees the same bytes, frames them into
+complete SSE events (carrying a partial event across reads) and JSON-decodes only events
+that can carry a usage object or tool calls. Everything else costs one regex scan of the
+bytes per read, done in C.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+_EVENT_SEPARATOR = b"\n\n"
+# An event is worth decoding only if it carries a usage *object* or a tool-call *list*;
+# OpenAI-style streams repeat `"usage": null` on every chunk.
+_INTERESTING = re.compile(rb'"(?:usage"\s*:\s*\{|tool_calls"\s*:\s*\[)')
+# A single SSE event larger than this is not accounted (it is still relayed).
+MAX_PENDING_BYTES = 1 << 20
+
+
+class StreamAccountant:
+    """Incremental accountant: feed() every relayed read, then read the totals."""
+
+    __slots__ = ("prompt_tokens", "completion_tokens", "tool_names", "_pending", "usage_seen")
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.usage_seen = False
+        # Tool calls by index; the value is the first non-empty function name.
+        self.tool_names: dict[int, str] = {}
+        self._pending = b""
+
+    @property
+    def has_partial_event(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def tool_call_count(self) -> int:
+        return len(self.tool_names)
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._pending + chunk if self._pending else chunk
+        end = data.rfind(_EVENT_SEPARATOR)
+        if end < 0:
+            self._pending = data if len(data) <= MAX_PENDING_BYTES else b""
+            return
+        complete = data[:end]
+        self._pending = data[end + len(_EVENT_SEPARATOR) :]
+        if _INTERESTING.search(complete) is None:
+            return
+        for event in complete.split(_EVENT_SEPARATOR):
+            if _INTERESTING.search(event) is not None:
+                self._inspect(event)
+
+    def _inspect(self, event: bytes) -> None:
+        payload = b"\n".join(
+            line[5:].lstrip(b" ") for line in event.splitlines() if line.startswith(b"data:")
+        )
+        try:
+            parsed = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            log.warning("sse_event_unparseable", size=len(event))
+            return
+        if isinstance(parsed, dict):
+            self._account(parsed)
+
+    def _account(self, chunk: dict[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage_seen = True
+            self.prompt_tokens = _token_count(usage, "prompt_tokens")
+            self.completion_tokens = _token_count(usage, "completion_tokens")
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        delta = choices[0].get("delta")
+        if not isinstance(delta, dict):
+            return
+        tool_calls = delta.get("tool_calls")
+        if isinstance(tool_calls, list):
+            self.add_tool_calls(tool_calls)
+
+    def add_tool_calls(self, tool_calls: list[Any]) -> None:
+        for call in tool_calls:
+            if not isinstance(call, dict):
+                continue
+            index = call.get("index")
+            if not isinstance(index, int):
+                index = len(self.tool_names)
+            function = call.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if not self.tool_names.get(index):
+                self.tool_names[index] = name if isinstance(name, str) else ""
+
+
+def _token_count(usage: dict[str, Any], key: str) -> int:
+    value = usage.get(key)
+    if isinstance(value, int) and value >= 0:
+        return value
+    log.warning("usage_field_missing", field=key)
+    return 0

@@ -1,0 +1,185 @@
+"""The SSE relay: LiteLLM's stream to the client, byte for byte, as it arrives.
+
+Client disconnect is not polled for: the app runs with `handler_cancellation`, so the
+transport's connection-lost callback cancels this handler at whatever it awaits, and
+leaving `client.completion(...)` releases the half-read upstream response, which closes
+that upstream connection. While a stream is idle nothing here runs at all.
+
+Per read, the loop does one write and one `StreamAccountant.feed`; it creates no task,
+arms no timer and decodes no JSON unless the bytes can carry usage or tool calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from ..errors import GENERIC_UPSTREAM_MESSAGE
+from ..observability.metrics import Metrics
+from ..upstream.classify import classify, error_detail
+from ..upstream.litellm import LiteLLMClient, read_error_body
+from ..upstream.routing import RoutingInfo
+from .outcome import CompletionOutcome, Usage
+from .sse import StreamAccountant
+from .tracker import OpenStream, StreamTracker
+
+log = structlog.get_logger(__name__)
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    # Tell nginx-style intermediaries not to buffer the stream.
+    "X-Accel-Buffering": "no",
+}
+
+
+def sse_frame(payload: dict[str, Any]) -> bytes:
+    # Python's default separators, as the reference's clients have always received.
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+SHUTDOWN_FRAME = sse_frame({"code": 503, "error": "Server shutting down"})
+
+
+class StreamRelay:
+    """One streaming completion. `run()` returns the finished response."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        *,
+        client: LiteLLMClient,
+        body: bytes,
+        outcome: CompletionOutcome,
+        metrics: Metrics,
+        tracker: StreamTracker,
+        debug: bool,
+        started: float,
+    ) -> None:
+        self._request = request
+        self._client = client
+        self._body = body
+        self._outcome = outcome
+        self._metrics = metrics
+        self._tracker = tracker
+        self._debug = debug
+        self._started = started
+        self._response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        self._upstream: aiohttp.ClientResponse | None = None
+        self._task = asyncio.current_task()
+        self._handle = OpenStream(self._stop)
+        self._relayed = 0
+        self._accountant = StreamAccountant()
+
+    def _stop(self) -> None:
+        """Shutdown: closing the upstream wakes the read loop with a ClientConnectionError,
+        so the stream can end with the shutdown frame; before upstream headers there is
+        nothing to end gracefully, so the handler is cancelled."""
+        if self._upstream is not None:
+            self._upstream.close()
+        elif self._task is not None:
+            self._task.cancel()
+
+    async def run(self) -> web.StreamResponse:
+        self._tracker.add(self._handle)
+        self._metrics.open_streams.inc()
+        try:
+            await self._response.prepare(self._request)
+            await self._relay()
+        except asyncio.CancelledError:
+            if self._handle.stopping:
+                self._outcome.failed()
+            else:
+                self._outcome.aborted()
+                structlog.contextvars.bind_contextvars(client_disconnected=True)
+            raise
+        except ConnectionError:
+            # The client's transport closed under a write before connection_lost ran.
+            self._client_gone()
+        finally:
+            self._tracker.discard(self._handle)
+            self._metrics.open_streams.dec()
+            self._metrics.relayed_bytes.inc(self._relayed)
+        return self._response
+
+    def _client_gone(self) -> None:
+        self._outcome.aborted()
+        structlog.contextvars.bind_contextvars(client_disconnected=True)
+
+    async def _relay(self) -> None:
+        try:
+            async with self._client.completion(self._body, stream=True) as upstream:
+                self._upstream = upstream
+                if upstream.status >= 300:
+                    await self._relay_upstream_error(upstream.status, await read_error_body(upstream))
+                    return
+                routing = RoutingInfo.from_headers(upstream.headers)
+                await self._pump(upstream)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            if isinstance(exc, ConnectionError) and self._request.transport is None:
+                self._client_gone()
+                return
+            await self._relay_failure(exc)
+            return
+        if self._relayed == 0:
+            log.error("upstream_empty_stream")
+            self._outcome.failed("empty_response")
+            await self._write(sse_frame({"code": 502, "error": GENERIC_UPSTREAM_MESSAGE}))
+            return
+        acc = self._accountant
+        self._outcome.succeeded(Usage(acc.prompt_tokens, acc.completion_tokens, acc.tool_call_count), routing)
+        await self._response.write_eof()
+
+    async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
+        write, feed = self._response.write, self._accountant.feed
+        async for chunk in upstream.content.iter_any():
+            if self._relayed == 0:
+                self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
+            await write(chunk)
+            self._relayed += len(chunk)
+            feed(chunk)
+
+    async def _relay_upstream_error(self, status: int, text: str) -> None:
+        classification = classify(status, text)
+        if classification is not None:
+            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=error_detail(text))
+            self._outcome.rejected(classification)
+            await self._write(sse_frame({"error": classification.code}))
+            return
+        detail = error_detail(text)
+        log.error("upstream_error", upstream_status=status, upstream_detail=detail)
+        self._outcome.failed()
+        await self._write(sse_frame({"code": status, "error": detail if self._debug else GENERIC_UPSTREAM_MESSAGE}))
+
+    async def _relay_failure(self, exc: BaseException) -> None:
+        if self._handle.stopping:
+            self._outcome.failed()
+            # An upstream read may have ended mid-event: terminate it before our frame.
+            prefix = b"\n\n" if self._accountant.has_partial_event else b""
+            await self._write(prefix + SHUTDOWN_FRAME)
+            return
+        log.error(
+            "upstream_stream_failed",
+            error_type=type(exc).__name__,
+            error=str(exc) or repr(exc),
+            relayed_bytes=self._relayed,
+            exc_info=exc,
+        )
+        self._outcome.failed()
+        prefix = b"\n\n" if self._accountant.has_partial_event else b""
+        detail = f"{type(exc).__name__}: {exc}" if self._debug else GENERIC_UPSTREAM_MESSAGE
+        await self._write(prefix + sse_frame({"code": 502, "error": detail}))
+
+    async def _write(self, data: bytes) -> None:
+        """Write a final frame; a client that is already gone is not an error."""
+        try:
+            await self._response.write(data)
+            await self._response.write_eof()
+        except ConnectionError:
+            self._client_gone()

@@ -1,0 +1,83 @@
+"""Health probes (spec §1.2) and the Prometheus exposition."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .. import __version__, keys
+from ..observability.metrics import exposition
+
+log = structlog.get_logger(__name__)
+
+
+async def liveness(request: web.Request) -> web.Response:
+    """No I/O: 200 while the event loop runs."""
+    return web.json_response({"status": "alive"})
+
+
+async def readiness(request: web.Request) -> web.Response:
+    app = request.app
+    timeout = app[keys.SETTINGS].postgres.readiness_check_timeout_s
+    databases, litellm, version = await asyncio.gather(
+        _databases(app, timeout), _litellm_readiness(app, timeout), _litellm_version(app, timeout)
+    )
+    litellm_ok = (
+        isinstance(litellm, dict)
+        and litellm.get("db") == "connected"
+        and litellm.get("status") in ("healthy", "connected")
+    )
+    litellm_body: dict[str, Any] = {"litellm_version": version}
+    if isinstance(litellm, dict):
+        litellm_body.update(litellm)
+    else:
+        litellm_body["status"] = "unreachable"
+    ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down
+    body = {
+        "status": "connected" if ready else "degraded",
+        "mlpa_version": __version__,
+        "pg_server_dbs": {name: "connected" if ok else "offline" for name, ok in databases.items()},
+        "litellm": litellm_body,
+    }
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def _databases(app: web.Application, timeout: float) -> dict[str, bool]:
+    try:
+        return await asyncio.wait_for(app[keys.STORE].ping(), timeout)
+    except Exception as exc:
+        log.warning("readiness_database_check_failed", error_type=type(exc).__name__)
+        return {"postgres": False, "app_attest": False}
+
+
+async def _litellm_readiness(app: web.Application, timeout: float) -> dict[str, Any] | None:
+    """LiteLLM's readiness JSON if it answered 200 with an object, else None."""
+    try:
+        reply = await app[keys.LITELLM].readiness(timeout)
+        if reply.status != 200:
+            return None
+        parsed = json.loads(reply.text)
+        return parsed if isinstance(parsed, dict) else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        log.warning("readiness_litellm_check_failed", error_type=type(exc).__name__)
+        return None
+
+
+async def _litellm_version(app: web.Application, timeout: float) -> str:
+    try:
+        version = await app[keys.LITELLM].version(timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        version = None
+    return version or "N/A"
+
+
+async def metrics(request: web.Request) -> web.Response:
+    settings = request.app[keys.SETTINGS]
+    payload = exposition(request.app[keys.METRICS].registry, settings.observability.prometheus_multiproc_dir)
+    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,138 @@
+"""`POST /v1/chat/completions` and `POST /v1/search`: validate, authenticate, provision,
+relay (spec §1.8, §1.9). Each step short-circuits with a domain error."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from aiohttp import web
+
+from .. import keys
+from ..errors import ApiError, AuthRejected, BadRequest, InvalidModelName, SignupCapExceeded, UserBlocked
+from ..models import (
+    check_model_name,
+    check_model_service_type,
+    check_search_service_type,
+    parse_chat,
+    parse_search,
+    resolve_purpose,
+)
+from ..observability.labels import clamp_country, clamp_model
+from ..principal import Principal
+from ..relay.json_relay import relay_completion, relay_search
+from ..relay.outcome import CompletionOutcome
+from ..relay.stream import StreamRelay
+from ..store.base import EndUser
+from ..upstream.bodies import completion_body, search_body
+
+
+def _bind_principal(principal: Principal) -> None:
+    structlog.contextvars.bind_contextvars(
+        user=principal.user_id,
+        service_type=principal.service_type.value,
+        purpose=principal.purpose or "-",
+        auth_method=principal.method.value,
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic()
+    app = request.app
+    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    raw_body = await request.read()
+    headers, chat = parse_chat(raw_body, request.headers)
+    service_type = headers.service_type.value
+    structlog.contextvars.bind_contextvars(model=chat.model)
+
+    def unavailable(reason: str) -> None:
+        metrics.chat_availability(reason, model=chat.model, service_type=service_type, purpose=headers.purpose.strip())
+
+    try:
+        check_model_name(chat.model)
+    except InvalidModelName:
+        unavailable("invalid_model_name")
+        raise
+    try:
+        check_model_service_type(chat.model, headers.service_type)
+    except BadRequest:
+        unavailable("invalid_service_type_for_model")
+        raise
+    try:
+        purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+        principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    except AuthRejected:
+        unavailable("auth_rejected")
+        raise
+    except BadRequest:
+        unavailable("invalid_auth_request")
+        raise
+    _bind_principal(principal)
+    metrics.requests_by_country.labels(
+        service_type, clamp_model(chat.model), clamp_country(request.headers.get("X-Geo-Country"))
+    ).inc()
+
+    user = await _provision_for_chat(request, principal, chat.model)
+    if user.blocked:
+        metrics.chat_availability("blocked", model=chat.model, service_type=service_type, purpose=purpose)
+        raise UserBlocked()
+    if chat.has_tools:
+        metrics.requests_with_tools.labels(clamp_model(chat.model), service_type, purpose).inc()
+
+    body = completion_body(chat, user=principal.user_id, defaults=settings.completion)
+    outcome = CompletionOutcome(metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started)
+    client = app[keys.LITELLM]
+    if chat.stream:
+        relay = StreamRelay(
+            request,
+            client=client,
+            body=body,
+            outcome=outcome,
+            metrics=metrics,
+            tracker=app[keys.STREAMS],
+            debug=settings.server.debug,
+            started=started,
+        )
+        return await relay.run()
+    return await relay_completion(client=client, body=body, outcome=outcome, debug=settings.server.debug)
+
+
+async def _provision_for_chat(request: web.Request, principal: Principal, model: str) -> EndUser:
+    metrics = request.app[keys.METRICS]
+    labels = {"model": model, "service_type": principal.service_type.value, "purpose": principal.purpose}
+    try:
+        return await request.app[keys.PROVISIONER].get_or_create(principal.user_id)
+    except SignupCapExceeded:
+        metrics.chat_rejection("signup_cap_exceeded", **labels)
+        metrics.chat_availability("signup_cap_exceeded", **labels)
+        raise
+    except ApiError as error:
+        if error.status >= 500:
+            metrics.chat_availability("provisioning_failure", **labels)
+        raise
+
+
+async def search(request: web.Request) -> web.Response:
+    app = request.app
+    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    raw_body = await request.read()
+    headers, query = parse_search(raw_body, request.headers)
+    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+    principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    _bind_principal(principal)
+    metrics.requests_by_country.labels(
+        principal.service_type.value, "exa-search", clamp_country(request.headers.get("X-Geo-Country"))
+    ).inc()
+    check_search_service_type(principal.service_type)
+    user = await app[keys.PROVISIONER].get_or_create(principal.user_id)
+    if user.blocked:
+        raise UserBlocked()
+    body = search_body(query, user=principal.user_id, service_type=principal.service_type.value, purpose=purpose)
+    return await relay_search(
+        client=app[keys.LITELLM],
+        body=body,
+        metrics=metrics,
+        service_type=principal.service_type.value,
+        purpose=purpose,
+        debug=settings.server.debug,
+    )

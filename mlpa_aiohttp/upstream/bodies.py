@@ -1,0 +1,63 @@
+"""The JSON bodies sent to LiteLLM (spec §4.2, §4.8, decision 5)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from ..models import ChatRequest, SearchRequest
+from ..settings import CompletionDefaults
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_SANITIZE_DEPTH = 32
+
+
+def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefaults) -> bytes:
+    body: dict[str, Any] = dict(request.fields)
+    body.setdefault("messages", [])
+    body.setdefault("temperature", defaults.temperature)
+    body.setdefault("top_p", defaults.top_p)
+    # Decision 5: honour the client's limit (either spelling), never above our maximum.
+    requested = body.get("max_completion_tokens", body.get("max_tokens", defaults.max_completion_tokens))
+    limit = min(requested, defaults.max_completion_tokens)
+    body["max_completion_tokens"] = limit
+    body["max_tokens"] = limit
+    body["stream"] = request.stream
+    if request.stream:
+        body["stream_options"] = {"include_usage": True}
+    body["user"] = user
+    return encode_json(body)
+
+
+def search_body(request: SearchRequest, *, user: str, service_type: str, purpose: str) -> bytes:
+    return encode_json(
+        {
+            "query": request.query,
+            "max_results": request.max_results,
+            "user": user,
+            "service_type": service_type,
+            "purpose": purpose,
+        }
+    )
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON; lone UTF-16 surrogates (which cannot be encoded) are removed."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(strip_surrogates(value), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def strip_surrogates(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("", value)
+    if depth >= _MAX_SANITIZE_DEPTH:
+        return value
+    if isinstance(value, list):
+        return [strip_surrogates(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {strip_surrogates(k, depth + 1): strip_surrogates(v, depth + 1) for k, v in value.items()}
+    return value

@@ -1,0 +1,192 @@
+"""LiteLLM over one shared aiohttp ClientSession: completions, search, admin calls.
+
+The session is created by `open_session()` (used as the app's cleanup context) and is the
+only outbound HTTP pool of the service. No `aiohttp.web` here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+import structlog
+
+from ..settings import UpstreamSettings
+
+log = structlog.get_logger(__name__)
+
+_REUSED = "reused_connection"
+
+
+async def _flag_reused_connection(
+    session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceConnectionReuseconnParams
+) -> None:
+    if isinstance(ctx.trace_request_ctx, dict):
+        ctx.trace_request_ctx[_REUSED] = True
+
+
+def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
+    """The shared session: high connector limit (the default 100 silently queues the
+    101st stream) and no total timeout (it would cut long streams); `sock_read` bounds
+    silence instead."""
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections,
+        limit_per_host=0,
+        keepalive_timeout=settings.keepalive_timeout_seconds,
+    )
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_flag_reused_connection)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.connect_timeout_seconds,
+            sock_read=settings.streaming_timeout_seconds,
+        ),
+        trace_configs=[trace],
+    )
+
+
+# Error bodies are read whole for classification; a misbehaving upstream must not make
+# us buffer megabytes.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+
+
+async def read_error_body(response: aiohttp.ClientResponse) -> str:
+    chunks, size = [], 0
+    async for chunk in response.content.iter_any():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= MAX_ERROR_BODY_BYTES:
+            break
+    return b"".join(chunks)[:MAX_ERROR_BODY_BYTES].decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReply:
+    """A fully read (small) upstream response."""
+
+    status: int
+    text: str
+    headers: dict[str, str]
+
+
+class LiteLLMClient:
+    def __init__(self, session: aiohttp.ClientSession, settings: UpstreamSettings) -> None:
+        self._session = session
+        self._known_version: str | None = None
+        self._completions_url = settings.url("/v1/chat/completions")
+        self._search_url = settings.url("/v1/search/exa-search")
+        self._customer_new_url = settings.url("/customer/new")
+        self._customer_info_url = settings.url("/customer/info")
+        self._readiness_url = settings.url("/health/readiness")
+        self._model_hub_url = settings.url("/public/model_hub/info")
+        self._virtual_headers = {
+            "Authorization": f"Bearer {settings.virtual_key}",
+            "Content-Type": "application/json",
+        }
+        self._master_headers = {
+            "Authorization": f"Bearer {settings.master_key}",
+            "Content-Type": "application/json",
+        }
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.connect_timeout_seconds,
+            sock_read=settings.streaming_timeout_seconds,
+        )
+        self._read_timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.connect_timeout_seconds,
+            sock_read=settings.read_timeout_seconds,
+        )
+        self._admin_timeout = aiohttp.ClientTimeout(
+            total=settings.admin_timeout_seconds, sock_connect=settings.connect_timeout_seconds
+        )
+        self._search_timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.connect_timeout_seconds,
+            sock_read=settings.search_timeout_seconds,
+        )
+
+    @contextlib.asynccontextmanager
+    async def completion(self, body: bytes, *, stream: bool) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST a completion; yields the response once its headers arrived.
+
+        Leaving the block releases the response, which closes a half-read upstream
+        connection instead of returning it to the pool.
+        """
+        timeout = self._stream_timeout if stream else self._read_timeout
+        response = await self._post_with_stale_retry(self._completions_url, body, timeout)
+        try:
+            yield response
+        finally:
+            response.release()
+
+    async def search(self, body: bytes) -> UpstreamReply:
+        response = await self._post_with_stale_retry(self._search_url, body, self._search_timeout)
+        async with response:
+            return UpstreamReply(response.status, await response.text(), dict(response.headers))
+
+    async def _post_with_stale_retry(
+        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        """POST once, and once more only if a *reused* pooled connection turned out to be
+        closed by the server before any response (decision 3). POST is not idempotent, so
+        aiohttp never retries it itself; in this window the upstream never saw a request."""
+        trace_ctx: dict[str, bool] = {}
+        try:
+            return await self._session.post(
+                url, data=body, headers=self._virtual_headers, timeout=timeout, trace_request_ctx=trace_ctx
+            )
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if not trace_ctx.get(_REUSED):
+                raise
+            log.info("upstream_stale_connection_retry", error=type(exc).__name__)
+        return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
+
+    # -- admin calls (master key) ----------------------------------------------------
+    async def create_customer(self, user_id: str, budget_id: str) -> None:
+        """`POST /customer/new`. The status is deliberately not checked (spec §3.1): a
+        concurrent creator's duplicate error is harmless because the caller re-reads."""
+        async with self._session.post(
+            self._customer_new_url,
+            json={"user_id": user_id, "budget_id": budget_id},
+            headers=self._master_headers,
+            timeout=self._admin_timeout,
+        ) as response:
+            await response.read()
+            if response.status >= 400:
+                log.info("litellm_customer_new_status", status=response.status)
+
+    async def customer_info(self, user_id: str) -> UpstreamReply:
+        async with self._session.get(
+            self._customer_info_url,
+            params={"end_user_id": user_id},
+            headers=self._master_headers,
+            timeout=self._admin_timeout,
+        ) as response:
+            return UpstreamReply(response.status, await response.text(), dict(response.headers))
+
+    async def readiness(self, timeout: float) -> UpstreamReply:
+        async with self._session.get(
+            self._readiness_url, headers=self._master_headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as response:
+            return UpstreamReply(response.status, await response.text(), dict(response.headers))
+
+    async def version(self, timeout: float) -> str | None:
+        """LiteLLM's version; remembered once known (it changes only with a deploy of
+        LiteLLM, and readiness probes ask every few seconds)."""
+        if self._known_version is not None:
+            return self._known_version
+        async with self._session.get(self._model_hub_url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status != 200:
+                return None
+            payload = await response.json(content_type=None)
+        version = payload.get("litellm_version") if isinstance(payload, dict) else None
+        if isinstance(version, str) and version and version != "N/A":
+            self._known_version = version
+        return self._known_version

@@ -1,0 +1,143 @@
+"""Shared fixtures: the service under test wired to loopback fakes of LiteLLM and FxA."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from mlpa_aiohttp import keys
+from mlpa_aiohttp.app import create_app
+from mlpa_aiohttp.observability.logging import configure_logging
+from mlpa_aiohttp.settings import Settings
+from mlpa_aiohttp.testing.fake_fxa import FakeFxA
+from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+
+DEV_TOKEN = "test-dev-token"
+TEST_SECRETS = {
+    "MASTER_KEY": "sk-test-master",
+    "MLPA_VIRTUAL_KEY": "sk-test-virtual",
+    "MLPA_UI_ACCESS_KEY": "sk-test-ui",
+    "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret",
+    "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": DEV_TOKEN,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _structured_logging() -> None:
+    # Route structlog through stdlib logging so `caplog` sees every event as a dict.
+    configure_logging(level="DEBUG", json=True)
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str | None = None) -> list[dict[str, Any]]:
+    """Structured log events captured so far (optionally only those named `name`)."""
+    found = []
+    for record in caplog.records:
+        if isinstance(record.msg, dict):
+            event = {**record.msg, "level": record.levelname}
+            if name is None or event.get("event") == name:
+                found.append(event)
+    return found
+
+
+@dataclass
+class Service:
+    """The app under test, its client, and the fakes it talks to."""
+
+    client: TestClient
+    litellm: FakeLiteLLM
+    fxa: FakeFxA
+    app: web.Application
+    token: str = ""
+    base_headers: dict[str, str] = field(default_factory=dict)
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        merged = {"authorization": f"Bearer {self.token}", "service-type": "ai", **self.base_headers}
+        merged.update({k.replace("_", "-"): v for k, v in extra.items()})
+        return merged
+
+    async def chat(self, body: dict[str, Any] | None = None, *, headers: dict[str, str] | None = None, **kw: Any):
+        payload = body if body is not None else chat_body()
+        return await self.client.post(
+            "/v1/chat/completions", data=json.dumps(payload), headers=headers or self.headers(), **kw
+        )
+
+
+def chat_body(*, stream: bool = False, scenario: str | None = None, **fields: Any) -> dict[str, Any]:
+    content = "Hello" if scenario is None else f"Hello [fake:{scenario}]"
+    body: dict[str, Any] = {
+        "model": "gpt-oss-120b",
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    }
+    body.update(fields)
+    return body
+
+
+def make_settings(litellm_url: str, fxa_url: str, **env: str) -> Settings:
+    environ = {
+        **TEST_SECRETS,
+        "LITELLM_API_BASE": litellm_url,
+        "FXA_BASE_URL": fxa_url,
+        "MLPA_STORE": "memory",
+        **env,
+    }
+    return Settings.from_environ(environ)
+
+
+@pytest.fixture
+async def fake_litellm_server(aiohttp_server) -> AsyncIterator[tuple[FakeLiteLLM, TestServer]]:
+    fake = FakeLiteLLM(virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"], master_key=TEST_SECRETS["MASTER_KEY"])
+    server = await aiohttp_server(fake.make_app())
+    yield fake, server
+
+
+@pytest.fixture
+async def fake_fxa_server(aiohttp_server) -> AsyncIterator[tuple[FakeFxA, TestServer]]:
+    fake = FakeFxA()
+    server = await aiohttp_server(fake.make_app())
+    yield fake, server
+
+
+ServiceFactory = Callable[..., Awaitable[Service]]
+
+
+@pytest.fixture
+async def make_service(aiohttp_client, fake_litellm_server, fake_fxa_server) -> ServiceFactory:
+    litellm, litellm_server = fake_litellm_server
+    fxa, fxa_server = fake_fxa_server
+
+    async def build(**env: str) -> Service:
+        settings = make_settings(str(litellm_server.make_url("")).rstrip("/"), str(fxa_server.make_url("/v1")), **env)
+        app = create_app(settings)
+        client = await aiohttp_client(app)
+        return Service(client=client, litellm=litellm, fxa=fxa, app=app, token=fxa.issue_jwt("test-uid"))
+
+    return build
+
+
+@pytest.fixture
+async def service(make_service: ServiceFactory) -> Service:
+    return await make_service()
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Every test must leave no task of ours pending once its fixtures are torn down."""
+    yield
+    await asyncio.sleep(0)
+    leaked = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+    assert not leaked, f"tasks left pending: {leaked}"
+
+
+def open_streams(service: Service) -> int:
+    return len(service.app[keys.STREAMS])
+
+
+logging.getLogger("asyncio").setLevel(logging.WARNING)

@@ -1,0 +1,222 @@
+"""The SSE relay over real HTTP: byte-identical, unbuffered, accounted, disconnect-aware."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from mlpa_aiohttp import keys
+from mlpa_aiohttp.testing.fake_litellm import Scenario
+
+from ..conftest import Service, chat_body, events, open_streams
+
+
+def sample(service: Service, name: str, labels: dict[str, str]) -> float:
+    value = service.app[keys.METRICS].registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+def frames(text: str) -> list[str]:
+    return [event for event in text.split("\n\n") if event]
+
+
+async def direct_stream_bytes(service: Service, body: dict) -> bytes:
+    """What the fake LiteLLM sends for `body` when asked directly."""
+    url = service.app[keys.SETTINGS].upstream.url("/v1/chat/completions")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url, json=body, headers={"Authorization": f"Bearer {service.litellm.virtual_key}"}
+        ) as response:
+            return await response.read()
+
+
+async def test_stream_is_relayed_byte_identical(service: Service) -> None:
+    response = await service.chat(chat_body(stream=True))
+    assert response.status == 200
+    assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+    relayed = await response.read()
+
+    sent_upstream = service.litellm.requests_to("/v1/chat/completions")[-1].json
+    direct = await direct_stream_bytes(service, sent_upstream)
+    # ids and timestamps differ per response; compare with them normalised
+    normalise = lambda raw: [json.loads(f[6:]) | {"id": "", "created": 0} if f != "data: [DONE]" else f for f in frames(raw.decode())]  # noqa: E731
+    assert normalise(relayed) == normalise(direct)
+    assert relayed.endswith(b"data: [DONE]\n\n")
+
+
+async def test_first_chunk_reaches_client_before_upstream_sends_the_second(service: Service) -> None:
+    service.litellm.interval = 0.5
+    started = time.monotonic()
+    response = await service.chat(chat_body(stream=True))
+    first = await response.content.readany()
+    waited = time.monotonic() - started
+    assert b"data: " in first
+    assert waited < 0.4, f"first chunk took {waited:.3f}s: the relay buffered"
+    response.close()
+
+
+@pytest.mark.parametrize("scenario", [None, "split_event", "usage_empty_choices", "delta_null"])
+async def test_usage_is_accounted(service: Service, scenario: str | None) -> None:
+    response = await service.chat(chat_body(stream=True, scenario=scenario))
+    body = await response.text()
+    assert response.status == 200
+    assert "data: [DONE]" in body
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_tokens_total", {"type": "prompt", **labels}) == service.litellm.prompt_tokens
+    assert sample(service, "mlpa_chat_tokens_total", {"type": "completion", **labels}) > 0
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **labels}) == 1
+
+
+async def test_tool_calls_are_counted_even_when_events_are_split(service: Service) -> None:
+    service.litellm.next_scenarios.append("tool_calls")
+    response = await service.chat(chat_body(stream=True, tools=[{"type": "function", "function": {"name": "f"}}]))
+    await response.read()
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_tool_calls_total", labels) == 2
+    assert sample(service, "mlpa_chat_requests_with_tools_total", labels) == 1
+
+
+async def test_upstream_body_carries_user_and_forced_usage(service: Service) -> None:
+    response = await service.chat(chat_body(stream=True, max_tokens=100, purpose="ignored", service_type="x"))
+    await response.read()
+    sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
+    assert sent["user"] == "test-uid:ai"
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["max_tokens"] == 100 and sent["max_completion_tokens"] == 100
+    assert "purpose" not in sent and "service_type" not in sent
+
+
+async def _assert_upstream_closed_quickly(service: Service, closed_at: float) -> None:
+    record = service.litellm.requests_to("/v1/chat/completions")[-1]
+    await asyncio.wait_for(record.disconnected.wait(), 1.0)
+    latency = record.disconnected_at - closed_at
+    assert latency < 0.05, f"upstream saw the close after {latency * 1000:.1f} ms"
+
+
+@pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
+async def test_client_disconnect_while_upstream_silent(service: Service, scenario: str, caplog) -> None:
+    service.litellm.next_scenarios.append(scenario)
+    response = await service.chat(chat_body(stream=True))
+    assert response.status == 200
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    assert open_streams(service) == 1
+    closed_at = time.monotonic()
+    response.close()
+    await _assert_upstream_closed_quickly(service, closed_at)
+    await _wait_for(lambda: open_streams(service) == 0)
+    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    _assert_logged_once_as_disconnect(service, caplog)
+
+
+async def test_client_disconnect_mid_stream(service: Service, caplog) -> None:
+    service.litellm.interval = 0.2
+    service.litellm.chunks = 50
+    response = await service.chat(chat_body(stream=True))
+    assert b"data: " in await response.content.readany()
+    closed_at = time.monotonic()
+    response.close()
+    await _assert_upstream_closed_quickly(service, closed_at)
+    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    _assert_logged_once_as_disconnect(service, caplog)
+
+
+def _assert_logged_once_as_disconnect(service: Service, caplog) -> None:
+    lines = events(caplog, "client_disconnected")
+    assert len(lines) == 1
+    assert lines[0]["level"] == "INFO"
+    assert lines[0]["result"] == "abort"
+    assert not [e for e in events(caplog) if e["level"] in ("ERROR", "CRITICAL")]
+    assert not [r for r in caplog.records if r.exc_info]
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **labels}) == 1
+    assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "abort", **labels}) == 1
+
+
+async def _wait_for(condition, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.005)
+
+
+CLASSIFIED = {
+    "budget_400": 1,
+    "budget_429": 1,
+    "rate_limit_429": 2,
+    "throttling_429": 5,
+    "context_window_400": 3,
+    "invalid_model_400": 8,
+    "invalid_argument_400": 9,
+}
+
+
+@pytest.mark.parametrize("scenario,code", sorted(CLASSIFIED.items()))
+async def test_classified_upstream_error_is_one_frame(service: Service, scenario: str, code: int) -> None:
+    response = await service.chat(chat_body(stream=True, scenario=scenario))
+    assert response.status == 200
+    assert await response.text() == f'data: {{"error": {code}}}\n\n'
+
+
+@pytest.mark.parametrize(
+    "scenario,status", [("unclassified_400", 400), ("unclassified_429", 429), ("generate_400", 400), ("server_500", 500)]
+)
+async def test_unclassified_upstream_error_frame(service: Service, scenario: str, status: int) -> None:
+    response = await service.chat(chat_body(stream=True, scenario=scenario))
+    assert await response.text() == f'data: {{"code": {status}, "error": "Upstream service returned an error"}}\n\n'
+
+
+async def test_empty_stream_gets_error_frame(service: Service) -> None:
+    response = await service.chat(chat_body(stream=True, scenario="empty_stream"))
+    assert await response.text() == 'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "empty_response", **labels}) == 1
+
+
+async def test_mid_stream_failure_keeps_relayed_chunks_then_error_frame(service: Service, caplog) -> None:
+    response = await service.chat(chat_body(stream=True, scenario="mid_stream_error"))
+    body = await response.text()
+    parts = frames(body)
+    assert '"role": "assistant"' in parts[0] or '"role":"assistant"' in parts[0]
+    assert parts[-1] == 'data: {"code": 502, "error": "Upstream service returned an error"}'
+    assert len(service.litellm.requests_to("/v1/chat/completions")) == 1, "a failure after relayed bytes must not be retried"
+    errors = [e for e in events(caplog, "upstream_stream_failed") if e["level"] == "ERROR"]
+    assert len(errors) == 1
+
+
+async def test_stale_keep_alive_is_retried_once(service: Service) -> None:
+    first = await service.chat(chat_body(stream=True))
+    await first.read()
+    service.litellm.next_scenarios.append(Scenario.DROP_ON_REUSE)
+    second = await service.chat(chat_body(stream=True))
+    assert second.status == 200
+    assert (await second.read()).endswith(b"data: [DONE]\n\n")
+    assert service.litellm.dropped == 1
+    records = service.litellm.requests_to("/v1/chat/completions")
+    assert records[-2].dropped and not records[-1].dropped
+
+
+async def test_graceful_shutdown_ends_open_streams_with_shutdown_frame(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.2")
+    service.litellm.next_scenarios.append("hang_after_headers")
+    response = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    started = time.monotonic()
+    await service.app.shutdown()
+    assert time.monotonic() - started < 2.0
+    assert await response.text() == 'data: {"code": 503, "error": "Server shutting down"}\n\n'
+    assert open_streams(service) == 0
+
+
+async def test_streams_that_finish_within_the_drain_budget_complete(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="5")
+    service.litellm.interval = 0.05
+    response = await service.chat(chat_body(stream=True))
+    await response.content.readany()
+    await service.app.shutdown()
+    assert (await response.read()).endswith(b"data: [DONE]\n\n")
