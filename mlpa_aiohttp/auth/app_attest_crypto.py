@@ -18,7 +18,7 @@ from typing import Any
 
 import cbor2
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ObjectIdentifier
@@ -165,10 +165,17 @@ def _decode_attestation_object(attestation_object: bytes) -> dict[str, Any]:
 
 
 def _load_chain(x5c: list[bytes]) -> list[x509.Certificate]:
+    """Parse the certificates, and their keys and extensions now: cryptography parses
+    those lazily, and a defect found later would otherwise surface as an odd exception."""
     try:
-        return [x509.load_der_x509_certificate(der) for der in x5c]
-    except ValueError as exc:
+        chain = [x509.load_der_x509_certificate(der) for der in x5c]
+        for certificate in chain:
+            certificate.public_key()
+            certificate.extensions
+    except Exception as exc:  # noqa: BLE001 - cryptography's parse errors share no base class
+        # (ValueError, UnsupportedAlgorithm, InvalidVersion, DuplicateExtension, ...)
         raise AttestationInvalid("malformed") from exc
+    return chain
 
 
 def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: datetime) -> None:
@@ -181,7 +188,7 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
     for certificate, issuer in zip(chain, issuers):
         try:
             certificate.verify_directly_issued_by(issuer)
-        except (InvalidSignature, ValueError, TypeError) as exc:
+        except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise AttestationInvalid("chain_invalid") from exc
         if issuer is not root and not _is_ca(issuer):
             raise AttestationInvalid("chain_invalid")

@@ -309,6 +309,26 @@ def test_malformed_attestation_rejected(device: TestDevice, attestation_object: 
     assert caught.value.reason == "malformed"
 
 
+@pytest.mark.parametrize(
+    ("original", "replacement"),
+    [
+        (bytes.fromhex("a003020102"), bytes.fromhex("a003020109")),  # X.509 version 10
+        (bytes.fromhex("06082a8648ce3d030107"), bytes.fromhex("06082a8648ce3d030199")),  # unknown curve
+    ],
+    ids=["bad-version", "unknown-curve"],
+)
+def test_certificate_defects_found_by_lazy_parsing_are_malformed(
+    device: TestDevice, original: bytes, replacement: bytes
+) -> None:
+    decoded = cbor2.loads(device.attest(CHALLENGE))
+    leaf = decoded["attStmt"]["x5c"][0]
+    assert original in leaf
+    decoded["attStmt"]["x5c"][0] = leaf.replace(original, replacement, 1)
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, cbor2.dumps(decoded))
+    assert caught.value.reason == "malformed"
+
+
 def test_other_attestation_format_rejected(device: TestDevice) -> None:
     decoded = cbor2.loads(device.attest(CHALLENGE))
     decoded["fmt"] = "packed"
@@ -398,7 +418,7 @@ def test_assertion_for_other_app_id_rejected(device: TestDevice) -> None:
 def test_single_hash_signature_is_not_what_we_accept(device: TestDevice) -> None:
     """Pins the double hash: a signature whose digest is the nonce itself is refused."""
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, utils
+    from cryptography.hazmat.primitives.asymmetric import utils
 
     valid = cbor2.loads(device.assertion(BODY, 1))
     nonce = hashlib.sha256(valid["authenticatorData"] + hashlib.sha256(BODY).digest()).digest()
