@@ -1,0 +1,379 @@
+"""Apple App Attest verification: attestation (once per key) and assertion (per request).
+
+Follows Apple's "Validating apps that connect to your server" (summarised in spec §2.5).
+Everything here is pure: bytes, keys, certificates and a clock value in, a verdict out.
+Each defect raises `AttestationInvalid` / `AssertionInvalid` carrying a short machine
+reason suitable for a metric label or a log field (never a secret).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+import cbor2
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ObjectIdentifier
+
+NONCE_EXTENSION_OID = ObjectIdentifier("1.2.840.113635.100.8.2")
+ATTESTATION_FORMAT = "apple-appattest"
+AAGUID_PRODUCTION = b"appattest" + b"\x00" * 7
+AAGUID_DEVELOPMENT = b"appattestdevelop"
+
+# authData layout (WebAuthn authenticator data, as App Attest uses it).
+_RP_ID_HASH_END = 32
+_FLAGS_END = 33
+_COUNTER_END = 37
+_AAGUID_END = 53
+_CREDENTIAL_ID_LENGTH_END = 55
+
+# COSE_Key labels and the only values App Attest uses (RFC 9053: EC2, ES256, P-256).
+_COSE_KTY, _COSE_ALG, _COSE_CRV, _COSE_X, _COSE_Y = 1, 3, -1, -2, -3
+_COSE_KTY_EC2, _COSE_ALG_ES256, _COSE_CRV_P256 = 2, -7, 1
+_P256_COORDINATE_LENGTH = 32
+
+# Apple sends [credential certificate, intermediate]; a little slack costs nothing.
+_MAX_CHAIN_LENGTH = 4
+
+_ROOT_RESOURCE = "Apple_App_Attestation_Root_CA.pem"
+
+
+class AttestationInvalid(ValueError):
+    """The attestation object fails one of Apple's checks; `reason` names which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AssertionInvalid(ValueError):
+    """The assertion fails signature, RP-ID or counter checks; `reason` names which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StoredKeyInvalid(ValueError):
+    """The public key we stored ourselves does not load: a server fault, not the client's."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttestedKey:
+    """What an accepted attestation yields for storage."""
+
+    public_key_pem: str
+    counter: int
+
+
+def load_root(pem_bytes: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem_bytes)
+
+
+def production_root() -> x509.Certificate:
+    """Apple's App Attestation Root CA, shipped inside the package."""
+    pem = resources.files("mlpa_aiohttp").joinpath("data", _ROOT_RESOURCE).read_bytes()
+    return load_root(pem)
+
+
+def sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+# --------------------------------------------------------------------------- attestation
+
+
+def verify_attestation(
+    *,
+    attestation_object: bytes,
+    challenge: bytes,
+    key_id: bytes,
+    app_id: str,
+    production: bool,
+    root: x509.Certificate,
+    now: datetime,
+) -> AttestedKey:
+    """Run Apple's attestation checks, in Apple's order; return the key to store."""
+    statement = _decode_attestation_object(attestation_object)
+    chain = _load_chain(statement["x5c"])
+    _verify_chain(chain, root, _as_utc(now))
+    credential_certificate = chain[0]
+    auth_data: bytes = statement["authData"]
+
+    # Steps 2-4: nonce = SHA-256(authData ‖ SHA-256(challenge)) must be the value Apple
+    # certified in the credential certificate; this binds authData and the challenge.
+    nonce = sha256(auth_data + sha256(challenge))
+    if not hmac.compare_digest(nonce, _certified_nonce(credential_certificate)):
+        raise AttestationInvalid("nonce_mismatch")
+
+    # Step 5: the key id the app reports is the hash of the certified public key.
+    certified_point = _p256_point(credential_certificate.public_key())
+    if not hmac.compare_digest(sha256(certified_point), key_id):
+        raise AttestationInvalid("key_id_mismatch")
+
+    parsed = _parse_attested_auth_data(auth_data)
+    if not hmac.compare_digest(parsed.rp_id_hash, sha256(app_id.encode("utf-8"))):
+        raise AttestationInvalid("rp_id_mismatch")
+    if parsed.counter != 0:
+        raise AttestationInvalid("counter_not_zero")
+    accepted_aaguids = (AAGUID_PRODUCTION,) if production else (AAGUID_PRODUCTION, AAGUID_DEVELOPMENT)
+    if parsed.aaguid not in accepted_aaguids:
+        raise AttestationInvalid("aaguid_mismatch")
+    if not hmac.compare_digest(parsed.credential_id, key_id):
+        raise AttestationInvalid("key_id_mismatch")
+
+    # Beyond Apple's list: the key we store must be the key Apple certified, otherwise
+    # a crafted authData could smuggle in a key the Secure Enclave never held.
+    public_key = _cose_p256_key(parsed.cose_key)
+    if _p256_point(public_key) != certified_point:
+        raise AttestationInvalid("public_key_mismatch")
+    pem = public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode("ascii")
+    return AttestedKey(public_key_pem=pem, counter=parsed.counter)
+
+
+def _decode_attestation_object(attestation_object: bytes) -> dict[str, Any]:
+    try:
+        decoded = cbor2.loads(attestation_object)
+    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise AttestationInvalid("malformed") from exc
+    if not isinstance(decoded, dict):
+        raise AttestationInvalid("malformed")
+    if decoded.get("fmt") != ATTESTATION_FORMAT:
+        raise AttestationInvalid("format_invalid")
+    statement = decoded.get("attStmt")
+    auth_data = decoded.get("authData")
+    if not isinstance(statement, dict) or not isinstance(auth_data, bytes):
+        raise AttestationInvalid("malformed")
+    x5c = statement.get("x5c")
+    if (
+        not isinstance(x5c, list)
+        or not 1 <= len(x5c) <= _MAX_CHAIN_LENGTH
+        or not all(isinstance(der, bytes) for der in x5c)
+    ):
+        raise AttestationInvalid("malformed")
+    return {"x5c": x5c, "authData": auth_data}
+
+
+def _load_chain(x5c: list[bytes]) -> list[x509.Certificate]:
+    """Parse the certificates, and their keys and extensions now: cryptography parses
+    those lazily, and a defect found later would otherwise surface as an odd exception."""
+    try:
+        chain = [x509.load_der_x509_certificate(der) for der in x5c]
+        for certificate in chain:
+            certificate.public_key()
+            certificate.extensions
+    except Exception as exc:  # noqa: BLE001 - cryptography's parse errors share no base class
+        # (ValueError, UnsupportedAlgorithm, InvalidVersion, DuplicateExtension, ...)
+        raise AttestationInvalid("malformed") from exc
+    return chain
+
+
+def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: datetime) -> None:
+    """Each certificate is signed by the next, the last by `root`; all valid at `now`.
+
+    Done by hand rather than with `cryptography.x509.verification`: its Web PKI profile
+    requires SANs / extended key usages that Apple's attestation certificates lack.
+    """
+    issuers = chain[1:] + [root]
+    for certificate, issuer in zip(chain, issuers):
+        try:
+            certificate.verify_directly_issued_by(issuer)
+        except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm) as exc:
+            raise AttestationInvalid("chain_invalid") from exc
+        if issuer is not root and not _is_ca(issuer):
+            raise AttestationInvalid("chain_invalid")
+    for certificate in chain + [root]:
+        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+            raise AttestationInvalid("certificate_expired")
+    try:
+        key_usage = chain[0].extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound as exc:
+        raise AttestationInvalid("chain_invalid") from exc
+    if not key_usage.digital_signature:
+        raise AttestationInvalid("chain_invalid")
+
+
+def _is_ca(certificate: x509.Certificate) -> bool:
+    try:
+        return bool(certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+    except x509.ExtensionNotFound:
+        return False
+
+
+def _certified_nonce(certificate: x509.Certificate) -> bytes:
+    """Read Apple's nonce extension: SEQUENCE { [1] EXPLICIT OCTET STRING }."""
+    try:
+        extension = certificate.extensions.get_extension_for_oid(NONCE_EXTENSION_OID).value
+    except x509.ExtensionNotFound as exc:
+        raise AttestationInvalid("nonce_mismatch") from exc
+    if not isinstance(extension, x509.UnrecognizedExtension):
+        raise AttestationInvalid("nonce_mismatch")
+    try:
+        tag, sequence, rest = _read_der(extension.value)
+        if tag != 0x30 or rest:
+            raise ValueError("not a single SEQUENCE")
+        while sequence:
+            tag, content, sequence = _read_der(sequence)
+            if tag == 0xA1:
+                inner_tag, octets, trailing = _read_der(content)
+                if inner_tag != 0x04 or trailing:
+                    raise ValueError("[1] does not hold exactly one OCTET STRING")
+                return octets
+    except ValueError as exc:
+        raise AttestationInvalid("nonce_mismatch") from exc
+    raise AttestationInvalid("nonce_mismatch")
+
+
+def _read_der(data: bytes) -> tuple[int, bytes, bytes]:
+    """Split one DER TLV (single-byte tag, definite length) off `data`: (tag, value, rest)."""
+    if len(data) < 2:
+        raise ValueError("truncated TLV")
+    tag, first_length_byte = data[0], data[1]
+    if tag & 0x1F == 0x1F:
+        raise ValueError("multi-byte tags are not used here")
+    offset = 2
+    if first_length_byte < 0x80:
+        length = first_length_byte
+    else:
+        length_octets = first_length_byte & 0x7F
+        if length_octets == 0 or length_octets > 4 or len(data) < offset + length_octets:
+            raise ValueError("unsupported length")
+        length = int.from_bytes(data[offset : offset + length_octets], "big")
+        offset += length_octets
+    end = offset + length
+    if end > len(data):
+        raise ValueError("truncated value")
+    return tag, data[offset:end], data[end:]
+
+
+@dataclass(frozen=True, slots=True)
+class _AttestedAuthData:
+    rp_id_hash: bytes
+    counter: int
+    aaguid: bytes
+    credential_id: bytes
+    cose_key: Any
+
+
+def _parse_attested_auth_data(auth_data: bytes) -> _AttestedAuthData:
+    if len(auth_data) < _CREDENTIAL_ID_LENGTH_END:
+        raise AttestationInvalid("malformed")
+    credential_id_length = int.from_bytes(auth_data[_AAGUID_END:_CREDENTIAL_ID_LENGTH_END], "big")
+    credential_id_end = _CREDENTIAL_ID_LENGTH_END + credential_id_length
+    if len(auth_data) <= credential_id_end:
+        raise AttestationInvalid("malformed")
+    try:
+        # Only the first CBOR item is the key; WebAuthn extension data may follow it.
+        cose_key = cbor2.CBORDecoder(io.BytesIO(auth_data[credential_id_end:])).decode()
+    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise AttestationInvalid("malformed") from exc
+    return _AttestedAuthData(
+        rp_id_hash=auth_data[:_RP_ID_HASH_END],
+        counter=int.from_bytes(auth_data[_FLAGS_END:_COUNTER_END], "big"),
+        aaguid=auth_data[_COUNTER_END:_AAGUID_END],
+        credential_id=auth_data[_CREDENTIAL_ID_LENGTH_END:credential_id_end],
+        cose_key=cose_key,
+    )
+
+
+def _cose_p256_key(cose_key: Any) -> ec.EllipticCurvePublicKey:
+    if not isinstance(cose_key, dict):
+        raise AttestationInvalid("public_key_invalid")
+    x, y = cose_key.get(_COSE_X), cose_key.get(_COSE_Y)
+    if (
+        cose_key.get(_COSE_KTY) != _COSE_KTY_EC2
+        or cose_key.get(_COSE_CRV) != _COSE_CRV_P256
+        # The reference only demanded kty and crv; an alg, when present, must be ES256.
+        or cose_key.get(_COSE_ALG, _COSE_ALG_ES256) != _COSE_ALG_ES256
+        or not isinstance(x, bytes)
+        or not isinstance(y, bytes)
+        or len(x) != _P256_COORDINATE_LENGTH
+        or len(y) != _P256_COORDINATE_LENGTH
+    ):
+        raise AttestationInvalid("public_key_invalid")
+    try:
+        return ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), b"\x04" + x + y)
+    except ValueError as exc:
+        raise AttestationInvalid("public_key_invalid") from exc
+
+
+def _p256_point(public_key: Any) -> bytes:
+    """The 65-byte uncompressed point Apple hashes into the key id."""
+    if not isinstance(public_key, ec.EllipticCurvePublicKey) or not isinstance(public_key.curve, ec.SECP256R1):
+        raise AttestationInvalid("public_key_invalid")
+    return public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+
+
+def _as_utc(now: datetime) -> datetime:
+    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
+
+
+# ----------------------------------------------------------------------------- assertion
+
+
+def verify_assertion(
+    *,
+    assertion_object: bytes,
+    client_data_hash: bytes,
+    public_key_pem: str,
+    app_id: str,
+    stored_counter: int,
+) -> int:
+    """Run Apple's assertion checks; return the assertion's counter (to store next).
+
+    What the device signs: Apple defines nonce = SHA-256(authenticatorData ‖ clientDataHash)
+    and says the signature "is valid for nonce". The Secure Enclave signs that nonce as a
+    *message* with ECDSA-P256-SHA256, so the digest inside the signature is SHA-256(nonce):
+    the data is hashed twice. This is what the reference (pyattest) verifies against real
+    devices, so it is what we verify and what our test device produces.
+    """
+    public_key = _load_stored_key(public_key_pem)
+    try:
+        decoded = cbor2.loads(assertion_object)
+    except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise AssertionInvalid("malformed") from exc
+    if not isinstance(decoded, dict):
+        raise AssertionInvalid("malformed")
+    authenticator_data = decoded.get("authenticatorData")
+    signature = decoded.get("signature")
+    if (
+        not isinstance(authenticator_data, bytes)
+        or not isinstance(signature, bytes)
+        or len(authenticator_data) < _COUNTER_END
+    ):
+        raise AssertionInvalid("malformed")
+
+    nonce = sha256(authenticator_data + client_data_hash)
+    try:
+        public_key.verify(signature, nonce, ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature as exc:
+        raise AssertionInvalid("signature_invalid") from exc
+
+    # Apple's step 5. The reference skipped it; we check it so an assertion is only
+    # accepted for the app id named in the request.
+    if not hmac.compare_digest(authenticator_data[:_RP_ID_HASH_END], sha256(app_id.encode("utf-8"))):
+        raise AssertionInvalid("rp_id_mismatch")
+    counter = int.from_bytes(authenticator_data[_FLAGS_END:_COUNTER_END], "big")
+    if counter <= stored_counter:
+        raise AssertionInvalid("counter_not_increasing")
+    return counter
+
+
+def _load_stored_key(public_key_pem: str) -> ec.EllipticCurvePublicKey:
+    try:
+        key = serialization.load_pem_public_key(public_key_pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise StoredKeyInvalid("stored public key does not load") from exc
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise StoredKeyInvalid("stored public key is not P-256")
+    return key

@@ -1,0 +1,349 @@
+"""A software stand-in for an iOS device doing App Attest, for tests and the demo.
+
+`TestAttestationCA` plays Apple's attestation service (root + intermediate CA, P-384 like
+Apple's); `TestDevice` plays the Secure Enclave key and the app: it produces real CBOR
+attestation and assertion objects, signed under the test CA, that pass the production
+verifier when that verifier is given `ca.root` instead of Apple's root. Keyword "defect"
+knobs each break exactly one of Apple's checks so tests can prove every check runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import cbor2
+import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from mlpa_aiohttp.auth.app_attest_crypto import (
+    AAGUID_DEVELOPMENT,
+    AAGUID_PRODUCTION,
+    ATTESTATION_FORMAT,
+    NONCE_EXTENSION_OID,
+)
+
+# The envelope JWT's signature is ignored by the server; any key will do.
+_ENVELOPE_SIGNING_KEY = "app-attest-envelope-test-key-not-checked"
+# WebAuthn flags: user present (UP) and, for attestations, attested credential data (AT).
+_FLAGS_ASSERTION = 0x01
+_FLAGS_ATTESTATION = 0x41
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mlpa-aiohttp tests"),
+        ]
+    )
+
+
+def encode_nonce_extension(nonce: bytes) -> bytes:
+    """Apple's encoding: SEQUENCE { [1] EXPLICIT OCTET STRING nonce } (short DER lengths)."""
+    octet_string = b"\x04" + bytes([len(nonce)]) + nonce
+    explicit = b"\xa1" + bytes([len(octet_string)]) + octet_string
+    return b"\x30" + bytes([len(explicit)]) + explicit
+
+
+class TestAttestationCA:
+    """An in-process root and intermediate CA shaped like Apple's App Attest hierarchy."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(
+        self,
+        *,
+        name: str = "Test App Attestation",
+        now: datetime | None = None,
+        intermediate_is_ca: bool = True,
+    ) -> None:
+        issued = now or datetime.now(timezone.utc)
+        self._root_key = ec.generate_private_key(ec.SECP384R1())
+        self._intermediate_key = ec.generate_private_key(ec.SECP384R1())
+        root_name = _name(f"{name} Root CA")
+        self.root: x509.Certificate = (
+            x509.CertificateBuilder()
+            .subject_name(root_name)
+            .issuer_name(root_name)
+            .public_key(self._root_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued - timedelta(days=1))
+            .not_valid_after(issued + timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(_ca_key_usage(), critical=True)
+            .sign(self._root_key, hashes.SHA384())
+        )
+        self.intermediate: x509.Certificate = (
+            x509.CertificateBuilder()
+            .subject_name(_name(f"{name} CA 1"))
+            .issuer_name(root_name)
+            .public_key(self._intermediate_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued - timedelta(days=1))
+            .not_valid_after(issued + timedelta(days=3650))
+            .add_extension(
+                x509.BasicConstraints(ca=intermediate_is_ca, path_length=0 if intermediate_is_ca else None),
+                critical=True,
+            )
+            .add_extension(_ca_key_usage(), critical=True)
+            .sign(self._root_key, hashes.SHA384())
+        )
+
+    @property
+    def root_pem(self) -> bytes:
+        return self.root.public_bytes(serialization.Encoding.PEM)
+
+    def issue_credential_certificate(
+        self,
+        public_key: ec.EllipticCurvePublicKey,
+        nonce: bytes,
+        *,
+        now: datetime | None = None,
+        lifetime: timedelta = timedelta(days=3),
+        digital_signature: bool = True,
+        nonce_extension_der: bytes | None = None,
+        omit_nonce_extension: bool = False,
+    ) -> x509.Certificate:
+        """The leaf Apple issues per attestation: the device key plus the certified nonce.
+
+        `nonce_extension_der` replaces the extension's DER value verbatim (parser tests).
+        """
+        issued = now or datetime.now(timezone.utc)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(_sha256(nonce).hex()))
+            .issuer_name(self.intermediate.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued - timedelta(minutes=5))
+            .not_valid_after(issued + lifetime)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=digital_signature,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+        )
+        if not omit_nonce_extension:
+            extension_der = encode_nonce_extension(nonce) if nonce_extension_der is None else nonce_extension_der
+            builder = builder.add_extension(
+                x509.UnrecognizedExtension(NONCE_EXTENSION_OID, extension_der), critical=False
+            )
+        return builder.sign(self._intermediate_key, hashes.SHA256())
+
+
+def _ca_key_usage() -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=False,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+class TestDevice:
+    """One App Attest key on one simulated device, for app `{team_id}.{bundle_id}`."""
+
+    __test__ = False
+
+    def __init__(self, ca: TestAttestationCA, team_id: str, bundle_id: str, production: bool = False) -> None:
+        self.ca = ca
+        self.team_id = team_id
+        self.bundle_id = bundle_id
+        self.production = production
+        self._private_key = ec.generate_private_key(ec.SECP256R1())
+        self.public_point: bytes = self._private_key.public_key().public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.team_id}.{self.bundle_id}"
+
+    @property
+    def key_id(self) -> bytes:
+        return _sha256(self.public_point)
+
+    @property
+    def key_id_b64(self) -> str:
+        return base64.b64encode(self.key_id).decode("ascii")
+
+    @property
+    def public_key_pem(self) -> str:
+        return (
+            self._private_key.public_key()
+            .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            .decode("ascii")
+        )
+
+    # ------------------------------------------------------------------ attestation
+
+    def attest(
+        self,
+        challenge: bytes,
+        *,
+        wrong_nonce: bool = False,
+        wrong_rp_id: bool = False,
+        counter: int = 0,
+        aaguid: bytes | None = None,
+        wrong_key_id: bool = False,
+        foreign_ca: bool = False,
+        now: datetime | None = None,
+        certified_public_key: ec.EllipticCurvePublicKey | None = None,
+        other_cose_key: bool = False,
+        auth_data: bytes | None = None,
+        leaf_digital_signature: bool = True,
+        nonce_extension_der: bytes | None = None,
+        omit_nonce_extension: bool = False,
+    ) -> bytes:
+        """A CBOR attestation object for `challenge`, optionally with one defect.
+
+        `wrong_key_id` puts a credential id other than the key id into authData (the
+        certificate still certifies the right key); `certified_public_key` makes the
+        certificate certify some other key (authData unchanged); `other_cose_key` puts
+        another key into authData's COSE_Key; `auth_data` replaces authData verbatim
+        (the nonce is still computed correctly over it).
+        """
+        rp_id = f"{self.app_id}.evil" if wrong_rp_id else self.app_id
+        if aaguid is None:
+            aaguid = AAGUID_PRODUCTION if self.production else AAGUID_DEVELOPMENT
+        credential_id = _sha256(b"another key") if wrong_key_id else self.key_id
+        cose_source = ec.generate_private_key(ec.SECP256R1()) if other_cose_key else self._private_key
+        public_numbers = cose_source.public_key().public_numbers()
+        cose_key = cbor2.dumps(
+            {
+                1: 2,  # kty: EC2
+                3: -7,  # alg: ES256
+                -1: 1,  # crv: P-256
+                -2: public_numbers.x.to_bytes(32, "big"),
+                -3: public_numbers.y.to_bytes(32, "big"),
+            }
+        )
+        auth_data = auth_data if auth_data is not None else (
+            _sha256(rp_id.encode("utf-8"))
+            + bytes([_FLAGS_ATTESTATION])
+            + counter.to_bytes(4, "big")
+            + aaguid
+            + len(credential_id).to_bytes(2, "big")
+            + credential_id
+            + cose_key
+        )
+        nonce = _sha256(auth_data + _sha256(challenge))
+        if wrong_nonce:
+            nonce = _sha256(nonce)
+        ca = TestAttestationCA(name="Foreign", now=now) if foreign_ca else self.ca
+        credential_certificate = ca.issue_credential_certificate(
+            certified_public_key or self._private_key.public_key(),
+            nonce,
+            now=now,
+            digital_signature=leaf_digital_signature,
+            nonce_extension_der=nonce_extension_der,
+            omit_nonce_extension=omit_nonce_extension,
+        )
+        return cbor2.dumps(
+            {
+                "fmt": ATTESTATION_FORMAT,
+                "attStmt": {
+                    "x5c": [
+                        credential_certificate.public_bytes(serialization.Encoding.DER),
+                        ca.intermediate.public_bytes(serialization.Encoding.DER),
+                    ],
+                    # Apple's receipt (for its fraud-metric service); the server ignores it.
+                    "receipt": b"test receipt",
+                },
+                "authData": auth_data,
+            }
+        )
+
+    # -------------------------------------------------------------------- assertion
+
+    def assertion(
+        self,
+        client_data: bytes,
+        counter: int,
+        *,
+        wrong_key: bool = False,
+        rp_id: str | None = None,
+    ) -> bytes:
+        """A CBOR assertion over `client_data` (the raw request body).
+
+        Signs exactly what a device signs: the message nonce = SHA-256(authenticatorData ‖
+        SHA-256(client_data)) with ECDSA-P256-SHA256 (see `verify_assertion`).
+        """
+        authenticator_data = (
+            _sha256((rp_id or self.app_id).encode("utf-8"))
+            + bytes([_FLAGS_ASSERTION])
+            + counter.to_bytes(4, "big")
+        )
+        nonce = _sha256(authenticator_data + _sha256(client_data))
+        signing_key = ec.generate_private_key(ec.SECP256R1()) if wrong_key else self._private_key
+        signature = signing_key.sign(nonce, ec.ECDSA(hashes.SHA256()))
+        return cbor2.dumps({"signature": signature, "authenticatorData": authenticator_data})
+
+    # ---------------------------------------------------------------- JWT envelopes
+
+    def attestation_jwt(self, challenge_hex: str, **defects: Any) -> str:
+        """The `Authorization` JWT for `POST /verify/attest` (without the Bearer prefix)."""
+        challenge = challenge_hex.encode("utf-8")
+        attestation = self.attest(challenge, **defects)
+        return self._envelope(
+            {
+                "key_id_b64": self.key_id_b64,
+                "challenge_b64": base64.b64encode(challenge).decode("ascii"),
+                "attestation_obj_b64": base64.b64encode(attestation).decode("ascii"),
+                "bundle_id": self.bundle_id,
+            }
+        )
+
+    def assertion_jwt(
+        self,
+        challenge_hex: str,
+        body: bytes,
+        counter: int,
+        *,
+        wrong_key: bool = False,
+        rp_id: str | None = None,
+    ) -> str:
+        """The `Authorization` JWT for a `use-app-attest: true` request carrying `body`."""
+        assertion = self.assertion(body, counter, wrong_key=wrong_key, rp_id=rp_id)
+        return self._envelope(
+            {
+                "key_id_b64": self.key_id_b64,
+                "challenge_b64": base64.b64encode(challenge_hex.encode("utf-8")).decode("ascii"),
+                "assertion_obj_b64": base64.b64encode(assertion).decode("ascii"),
+                "bundle_id": self.bundle_id,
+            }
+        )
+
+    @staticmethod
+    def _envelope(payload: dict[str, str]) -> str:
+        return jwt.encode(payload, _ENVELOPE_SIGNING_KEY, algorithm="HS256")
+
+
+def compact_json(value: object) -> bytes:
+    """Request bodies the way the QA client hashes them (compact, non-ASCII kept)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
