@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # mlpa-aiohttp: build a virtualenv in one stage, run it from a clean slim image.
 #   docker build -t mlpa-aiohttp .
-#   docker run -p 8080:8080 --env-file config/example.env mlpa-aiohttp
-#   docker run --env-file config/example.env mlpa-aiohttp python -m mlpa_aiohttp migrate
+#   docker run -p 8080:8080 --env-file .env mlpa-aiohttp       (.env: your copy of config/example.env)
+#   docker run --env-file .env mlpa-aiohttp python -m mlpa_aiohttp migrate
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
