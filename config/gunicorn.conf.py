@@ -1,0 +1,167 @@
+"""Gunicorn settings for mlpa-aiohttp (aiohttp worker).
+
+    gunicorn -c config/gunicorn.conf.py mlpa_aiohttp.app:app_factory
+
+Read from the environment at master start-up (the same variables the app reads, so one
+ConfigMap drives both):
+
+    PORT                       listen port (default 8080)
+    GUNICORN_WORKERS / WEB_CONCURRENCY   worker processes (default 1: scale by pods)
+    GUNICORN_WORKER_CLASS      "asyncio" (default) or "uvloop" (needs the uvloop extra)
+    SHUTDOWN_DRAIN_SECONDS     the app's drain budget for open streams; sets graceful_timeout
+    KEEPALIVE_TIMEOUT_SECONDS  idle keep-alive of client connections
+    LOG_LEVEL                  level of gunicorn's own loggers
+    PROMETHEUS_MULTIPROC_DIR   prometheus multiprocess directory, wiped at start
+
+Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
+    terminationGracePeriodSeconds (Kubernetes) > preStop pause + graceful_timeout
+    graceful_timeout * 0.95 (aiohttp worker's shutdown_timeout) > drain + SHUTDOWN_MARGIN_SECONDS
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+from mlpa_aiohttp.settings import ServerSettings
+
+WORKER_CLASSES = {
+    "asyncio": "aiohttp.GunicornWebWorker",
+    "uvloop": "aiohttp.GunicornUVLoopWebWorker",
+}
+
+# The aiohttp worker passes graceful_timeout / 100 * 95 to AppRunner as shutdown_timeout.
+AIOHTTP_SHUTDOWN_SHARE = 0.95
+
+# Time around the drain itself: the worker notices SIGTERM at its next 1 s heartbeat, then
+# final stream frames, closing the database pools and the upstream session, and the Sentry
+# SDK's flush at exit (2 s at most).
+SHUTDOWN_MARGIN_SECONDS = 5.0
+
+
+def _env_text(name: str, default: str) -> str:
+    value = os.environ.get(name, "").strip()
+    return value or default
+
+
+def _env_number(name: str, default: float, *, minimum: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise RuntimeError(f"{name}: expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < minimum:
+        raise RuntimeError(f"{name}: must be a finite number of at least {minimum}, got {text!r}")
+    return value
+
+
+def _worker_count() -> int:
+    for name in ("GUNICORN_WORKERS", "WEB_CONCURRENCY"):
+        if os.environ.get(name, "").strip():
+            count = _env_number(name, 1, minimum=1)
+            if count != int(count):
+                raise RuntimeError(f"{name}: expected a whole number, got {count}")
+            return int(count)
+    return 1
+
+
+def _worker_class() -> str:
+    choice = _env_text("GUNICORN_WORKER_CLASS", "asyncio").lower()
+    if choice not in WORKER_CLASSES:
+        raise RuntimeError(f"GUNICORN_WORKER_CLASS: expected one of {', '.join(WORKER_CLASSES)}, got {choice!r}")
+    return WORKER_CLASSES[choice]
+
+
+def graceful_timeout_for(drain_seconds: float) -> int:
+    """The smallest whole graceful_timeout whose 95 % share exceeds drain + margin."""
+    return math.floor((drain_seconds + SHUTDOWN_MARGIN_SECONDS) / AIOHTTP_SHUTDOWN_SHARE) + 1
+
+
+_DEFAULTS = ServerSettings()
+drain_seconds = _env_number("SHUTDOWN_DRAIN_SECONDS", _DEFAULTS.shutdown_drain_seconds, minimum=0)
+
+bind = [f"0.0.0.0:{int(_env_number('PORT', _DEFAULTS.port, minimum=1))}"]
+workers = _worker_count()
+worker_class = _worker_class()
+
+# Idle keep-alive of client connections; the app's own KEEPALIVE_TIMEOUT_SECONDS, so both agree.
+# It must outlast the idle timeout of the proxy in front, so the proxy (not this server)
+# closes idle connections; otherwise a request racing our close gets a 502. The default 75 s
+# covers 60 s proxies (AWS ALB, nginx); Google Cloud load balancers keep backend connections
+# for 600 s, so the Kubernetes ConfigMap raises it to 620 s.
+# (Gunicorn wants whole seconds; rounding up keeps it above the proxy's timeout.)
+keepalive = math.ceil(_env_number("KEEPALIVE_TIMEOUT_SECONDS", _DEFAULTS.keepalive_timeout_seconds, minimum=0))
+
+graceful_timeout = graceful_timeout_for(drain_seconds)
+
+# The aiohttp worker heartbeats once a second from its event loop, so this catches a blocked
+# loop. It must also cover start-up (pools, budgets) and a worker draining after a reload,
+# which stops heartbeating while it drains.
+timeout = max(60, graceful_timeout + 5)
+
+# The heartbeat file lives in memory, not on a possibly slow or read-only disk.
+worker_tmp_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+# Gunicorn 25.1+ opens a control socket under $HOME; the image has no writable home (read-only
+# root filesystem) and Kubernetes does the restarts and scaling. Older versions ignore this.
+control_socket_disable = True
+
+# The app writes its own canonical request line (and one for cancelled requests, which
+# aiohttp never access-logs).
+accesslog = None
+
+loglevel = _env_text("LOG_LEVEL", _DEFAULTS.log_level).lower()
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {
+            "format": "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s",
+        },
+    },
+    "handlers": {
+        "stdout": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"},
+    },
+    "root": {"level": loglevel.upper(), "handlers": ["stdout"]},
+    "loggers": {
+        # Propagate to the root handler only, so the app's logging setup in the worker
+        # (structlog) formats these lines too.
+        "gunicorn.error": {"level": loglevel.upper(), "handlers": [], "propagate": True},
+        "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": True},
+    },
+}
+
+
+def _prometheus_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip() or None
+
+
+def on_starting(server) -> None:
+    """Start each deployment with an empty prometheus multiprocess directory.
+
+    Files left by an earlier run would be summed into /metrics. The directory itself may be
+    a mount point (an emptyDir), so its contents are removed, not the directory.
+    """
+    directory = _prometheus_dir()
+    if directory is None:
+        return
+    os.makedirs(directory, exist_ok=True)
+    for entry in os.scandir(directory):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    server.log.info("Prometheus multiprocess directory %s emptied", directory)
+
+
+def child_exit(server, worker) -> None:
+    """Drop a dead worker's live gauges from /metrics (its counters are kept)."""
+    directory = _prometheus_dir()
+    if directory is None:
+        return
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid, directory)
