@@ -11,7 +11,7 @@ from typing import Sequence
 
 from aiohttp import web
 
-from .app import create_app
+from .app import app_factory, create_app
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError
 
@@ -51,10 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve() -> int:
-    settings = Settings.from_environ(os.environ)
-    configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
     web.run_app(
-        create_app(settings),
+        app_factory(),
         host="0.0.0.0",
         port=settings.server.port,
         access_log=None,

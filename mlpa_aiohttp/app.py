@@ -19,12 +19,13 @@ from typing import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from . import keys
+from . import __version__, keys
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
+from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
 from .settings import Settings
@@ -91,4 +92,5 @@ async def app_factory() -> web.Application:
     """The gunicorn entry point: configuration from the process environment."""
     settings = Settings.from_environ(os.environ)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
     return create_app(settings)

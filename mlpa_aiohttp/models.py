@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
@@ -175,7 +175,8 @@ def parse_proxy_headers(
 class ChatRequest:
     """An accepted chat request: only allowlisted, non-null fields."""
 
-    fields: Mapping[str, Any]
+    # repr=False: message content must never reach a log line or an error report.
+    fields: Mapping[str, Any] = field(repr=False)
 
     @property
     def model(self) -> str:

@@ -286,7 +286,7 @@ class Settings:
             ),
             play=PlaySettings(
                 package_name=env.str("PLAY_INTEGRITY_PACKAGE_NAME", "org.mozilla.firefox"),
-                allowed_package_names=env.str_set("ALLOWED_PACKAGE_NAMES", PlaySettings.allowed_package_names),
+                allowed_package_names=env.str_set("ALLOWED_PACKAGE_NAMES", PlaySettings().allowed_package_names),
                 api_base=env.str("PLAY_INTEGRITY_API_BASE", "https://playintegrity.googleapis.com"),
                 request_timeout_seconds=env.float("PLAY_INTEGRITY_REQUEST_TIMEOUT_SECONDS", 30.0, minimum=0.001),
                 quota_project=env.optional_str("PLAY_INTEGRITY_QUOTA_PROJECT"),

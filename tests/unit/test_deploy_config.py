@@ -182,11 +182,6 @@ def test_example_env_shows_the_defaults() -> None:
     ) == from_nothing.play
 
 
-@pytest.mark.xfail(
-    reason="settings.py passes the slots descriptor PlaySettings.allowed_package_names as the "
-    "default of ALLOWED_PACKAGE_NAMES; use PlaySettings().allowed_package_names",
-    strict=False,
-)
 def test_example_env_default_package_names() -> None:
     from_example, from_nothing = settings_from_example_env()
     assert from_example.play.allowed_package_names == from_nothing.play.allowed_package_names
