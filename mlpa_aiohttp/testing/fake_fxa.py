@@ -89,7 +89,9 @@ class _SigningKey:
 
 
 def _fxa_error(status: int, errno: int, error: str, message: str) -> web.Response:
-    return web.json_response({"code": status, "errno": errno, "error": error, "message": message}, status=status)
+    return web.json_response(
+        {"code": status, "errno": errno, "error": error, "message": message}, status=status
+    )
 
 
 class FakeFxA:
@@ -186,7 +188,9 @@ class FakeFxA:
             "jti": uuid.uuid4().hex,
             **(extra_claims or {}),
         }
-        return jwt.encode(claims, key.private_key, algorithm="RS256", headers={"kid": key.kid, "typ": typ})
+        return jwt.encode(
+            claims, key.private_key, algorithm="RS256", headers={"kid": key.kid, "typ": typ}
+        )
 
     def add_opaque_token(
         self,
@@ -234,7 +238,9 @@ class FakeFxA:
             )
         except jwt.PyJWTError:
             return None
-        return TokenGrant(str(claims["sub"]), tuple(str(claims["scope"]).split()), str(claims["client_id"]))
+        return TokenGrant(
+            str(claims["sub"]), tuple(str(claims["scope"]).split()), str(claims["client_id"])
+        )
 
     # ---- HTTP -----------------------------------------------------------------------------
 

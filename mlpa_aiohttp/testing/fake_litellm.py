@@ -113,11 +113,25 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
     {
         Scenario.BUDGET_400: _json_error(
             400,
-            {"error": {"message": _BUDGET_MESSAGE, "type": "budget_exceeded", "param": None, "code": "400"}},
+            {
+                "error": {
+                    "message": _BUDGET_MESSAGE,
+                    "type": "budget_exceeded",
+                    "param": None,
+                    "code": "400",
+                }
+            },
         ),
         Scenario.BUDGET_429: _json_error(
             429,
-            {"error": {"message": _BUDGET_MESSAGE, "type": "budget_exceeded", "param": None, "code": "429"}},
+            {
+                "error": {
+                    "message": _BUDGET_MESSAGE,
+                    "type": "budget_exceeded",
+                    "param": None,
+                    "code": "429",
+                }
+            },
         ),
         Scenario.RATE_LIMIT_429: _json_error(
             429,
@@ -145,7 +159,8 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
                     "message": (
                         "litellm.ContextWindowExceededError: litellm.BadRequestError: "
                         "This model's maximum context length is 8192 tokens. However, your "
-                        "messages resulted in 12000 tokens. Please reduce the length of the messages."
+                        "messages resulted in 12000 tokens. Please reduce the length of the "
+                        "messages."
                     ),
                     "type": None,
                     "param": None,
@@ -158,7 +173,13 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
         ),
         Scenario.INVALID_ARGUMENT_400: _json_error(
             400,
-            {"error": {"code": 400, "message": "Expected a valid JSON object", "status": "INVALID_ARGUMENT"}},
+            {
+                "error": {
+                    "code": 400,
+                    "message": "Expected a valid JSON object",
+                    "status": "INVALID_ARGUMENT",
+                }
+            },
         ),
         Scenario.UNCLASSIFIED_400: _json_error(
             400, {"error": {"type": "invalid_request", "message": "Invalid request parameters"}}
@@ -166,7 +187,12 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
         Scenario.UNCLASSIFIED_429: _text_error(429, "Too Many Requests"),
         Scenario.GENERATE_400: _json_error(
             400,
-            {"error": {"type": "invalid_request_error", "message": "Could not generate a moderate response"}},
+            {
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "Could not generate a moderate response",
+                }
+            },
         ),
         Scenario.SERVER_500: _json_error(
             500, {"error": {"message": "Internal error", "type": "internal_server_error"}}
@@ -252,7 +278,9 @@ def _last_message_text(body: Mapping[str, Any]) -> str:
         return content
     if isinstance(content, list):
         return " ".join(
-            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""
 
@@ -310,7 +338,9 @@ class _StreamEvents:
                 )
             )
             for part in argument_parts:
-                events.append(self.delta({"tool_calls": [{"index": index, "function": {"arguments": part}}]}))
+                events.append(
+                    self.delta({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+                )
         return events
 
     def finish(self, reason: str) -> bytes:
@@ -367,7 +397,7 @@ class FakeLiteLLM:
         self.split_pause = split_pause
         self.prompt_tokens = prompt_tokens
         self.litellm_version = litellm_version
-        self.scenario: Scenario = _parse_scenario(scenario)
+        self.scenario: Scenario | str = _parse_scenario(scenario)
         self.next_scenarios: list[Scenario | str] = []
         # Sent on successful chat/search responses, like LiteLLM's routing headers.
         self.response_headers: dict[str, str] = dict(
@@ -384,7 +414,9 @@ class FakeLiteLLM:
         self.customer_sink = customer_sink
         self.readiness_status = "healthy"
         self.readiness_db = "connected"
-        self.readiness_body: dict[str, Any] | None = dict(readiness_body) if readiness_body is not None else None
+        self.readiness_body: dict[str, Any] | None = (
+            dict(readiness_body) if readiness_body is not None else None
+        )
         self.readiness_down = False
         self.readiness_delay = 0.0
         self.customers: dict[str, dict[str, Any]] = {}
@@ -432,7 +464,9 @@ class FakeLiteLLM:
         if connection is None:
             if len(self._connections) >= self._prune_connections_at:
                 self._connections = {
-                    key: conn for key, conn in self._connections.items() if conn.protocol.transport is not None
+                    key: conn
+                    for key, conn in self._connections.items()
+                    if conn.protocol.transport is not None
                 }
                 self._prune_connections_at = max(64, 2 * len(self._connections))
             connection = _Connection(protocol, next(self._connection_ids))
@@ -494,7 +528,7 @@ class FakeLiteLLM:
             return _parse_scenario(match.group(1)), True
         if self.next_scenarios:
             return _parse_scenario(self.next_scenarios.pop(0)), False
-        return self.scenario, True
+        return _parse_scenario(self.scenario), True  # tests may assign a plain str
 
     def _should_drop(self, record: RecordedRequest, sticky: bool) -> bool:
         digest = hashlib.sha256(record.body).hexdigest()
@@ -521,7 +555,11 @@ class FakeLiteLLM:
 
     async def _flush(self, request: web.Request) -> None:
         transport = request.transport
-        while transport is not None and transport.get_write_buffer_size() and not transport.is_closing():
+        while (
+            transport is not None
+            and transport.get_write_buffer_size()
+            and not transport.is_closing()
+        ):
             await asyncio.sleep(0.001)
 
     async def _serve_scenario(
@@ -564,7 +602,9 @@ class FakeLiteLLM:
             return self._unauthorized()
         if not isinstance(record.json, dict):
             return self._bad_request("Invalid JSON body")
-        return await self._serve_scenario(request, record, _last_message_text(record.json), self._respond_chat)
+        return await self._serve_scenario(
+            request, record, _last_message_text(record.json), self._respond_chat
+        )
 
     async def _respond_chat(
         self, request: web.Request, record: RecordedRequest, scenario: Scenario
@@ -573,7 +613,9 @@ class FakeLiteLLM:
         model = str(body.get("model", "unknown"))
         if body.get("stream") is True:
             stream_options = body.get("stream_options")
-            include_usage = isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+            include_usage = (
+                isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+            )
             return await self._stream_chat(request, record, scenario, model, include_usage)
         return await self._json_chat(request, record, scenario, model)
 
@@ -634,7 +676,7 @@ class FakeLiteLLM:
         return response
 
     async def _write_paced(self, response: web.StreamResponse, events: Sequence[bytes]) -> None:
-        """Write one event per `interval`, against deadlines so sleep overshoot doesn't slow the rate."""
+        """One event per `interval`, paced by deadlines so sleep overshoot keeps the rate."""
         interval = self.interval
         if interval <= 0:
             if events:
@@ -649,8 +691,10 @@ class FakeLiteLLM:
                 await asyncio.sleep(delay)
             await response.write(event)
 
-    async def _write_split(self, request: web.Request, response: web.StreamResponse, events: Iterable[bytes]) -> None:
-        """Each event in two TCP writes cut mid-JSON, with a pause so they arrive as separate reads."""
+    async def _write_split(
+        self, request: web.Request, response: web.StreamResponse, events: Iterable[bytes]
+    ) -> None:
+        """Each event in two TCP writes cut mid-JSON, paused so they arrive as separate reads."""
         for event in events:
             middle = len(event) // 2
             await response.write(event[:middle])
@@ -667,7 +711,9 @@ class FakeLiteLLM:
             await self._start_stream(request, "application/json")
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
-            return web.Response(status=200, body=b"", content_type="application/json", headers=self.response_headers)
+            return web.Response(
+                status=200, body=b"", content_type="application/json", headers=self.response_headers
+            )
 
         message: dict[str, Any] = {"role": "assistant"}
         if scenario is Scenario.TOOL_CALLS:
@@ -693,8 +739,12 @@ class FakeLiteLLM:
         }
         body = json.dumps(payload).encode()
         if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
-            return await self._write_json_in_halves(request, record, body, abort=scenario is Scenario.MID_STREAM_ERROR)
-        return web.Response(body=body, content_type="application/json", headers=self.response_headers)
+            return await self._write_json_in_halves(
+                request, record, body, abort=scenario is Scenario.MID_STREAM_ERROR
+            )
+        return web.Response(
+            body=body, content_type="application/json", headers=self.response_headers
+        )
 
     async def _write_json_in_halves(
         self, request: web.Request, record: RecordedRequest, body: bytes, *, abort: bool
@@ -734,13 +784,19 @@ class FakeLiteLLM:
         max_results = body.get("max_results", 5)
         if not isinstance(query, str) or not query:
             return self._bad_request("query is required")
-        if isinstance(max_results, bool) or not isinstance(max_results, int) or not 1 <= max_results <= 100:
+        if (
+            isinstance(max_results, bool)
+            or not isinstance(max_results, int)
+            or not 1 <= max_results <= 100
+        ):
             return self._bad_request("max_results must be an integer between 1 and 100")
         if scenario is Scenario.HANG_AFTER_HEADERS:
             await self._start_stream(request, "application/json")
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
-            return web.Response(status=200, body=b"", content_type="application/json", headers=self.response_headers)
+            return web.Response(
+                status=200, body=b"", content_type="application/json", headers=self.response_headers
+            )
         slug = re.sub(r"[^a-z0-9]+", "-", query.lower()).strip("-") or "query"
         payload = {
             "object": "search",
@@ -759,7 +815,9 @@ class FakeLiteLLM:
             return await self._write_json_in_halves(
                 request, record, encoded, abort=scenario is Scenario.MID_STREAM_ERROR
             )
-        return web.Response(body=encoded, content_type="application/json", headers=self.response_headers)
+        return web.Response(
+            body=encoded, content_type="application/json", headers=self.response_headers
+        )
 
     # ---- admin endpoints (master key) -----------------------------------------------------
 
@@ -768,7 +826,11 @@ class FakeLiteLLM:
         if not self._authorized(request, self.master_key):
             return self._unauthorized()
         body = record.json
-        if not isinstance(body, dict) or not isinstance(body.get("user_id"), str) or not body["user_id"]:
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("user_id"), str)
+            or not body["user_id"]
+        ):
             return self._bad_request("user_id is required")
         user_id: str = body["user_id"]
         budget_id = body.get("budget_id")
@@ -812,7 +874,15 @@ class FakeLiteLLM:
         end_user_id = request.query.get("end_user_id")
         if end_user_id is None:
             return web.json_response(
-                {"detail": [{"type": "missing", "loc": ["query", "end_user_id"], "msg": "Field required"}]},
+                {
+                    "detail": [
+                        {
+                            "type": "missing",
+                            "loc": ["query", "end_user_id"],
+                            "msg": "Field required",
+                        }
+                    ]
+                },
                 status=422,
             )
         customer = self.customers.get(end_user_id)
@@ -832,7 +902,9 @@ class FakeLiteLLM:
             raise
         if self.readiness_down:
             return web.json_response(
-                _litellm_error("Service Unhealthy (database unreachable)", "internal_server_error", 500),
+                _litellm_error(
+                    "Service Unhealthy (database unreachable)", "internal_server_error", 500
+                ),
                 status=500,
             )
         if self.readiness_body is not None:
@@ -892,7 +964,7 @@ async def run_fake_upstream(
     on_started: Callable[[str], None] | None = None,
     **knobs: Any,
 ) -> None:
-    """The `fake-upstream` CLI command: a fake LiteLLM until cancelled (keeps the last 1000 records)."""
+    """The `fake-upstream` CLI command: a fake LiteLLM until cancelled (keeps 1000 records)."""
     knobs.setdefault("keep_requests", 1000)
     fake = FakeLiteLLM(ttft=ttft, chunks=chunks, interval=interval, **knobs)
     await serve_fake_litellm(fake, host, port, on_started=on_started)

@@ -11,6 +11,7 @@ import aiohttp
 import jwt
 import pytest
 from aiohttp.test_utils import TestServer
+from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from mlpa_aiohttp.testing.fake_fxa import (
@@ -59,12 +60,16 @@ async def fetch_jwks(session: aiohttp.ClientSession, server: TestServer) -> dict
         return jwks
 
 
-async def verify(session: aiohttp.ClientSession, server: TestServer, token: Any) -> tuple[int, dict[str, Any]]:
+async def verify(
+    session: aiohttp.ClientSession, server: TestServer, token: Any
+) -> tuple[int, dict[str, Any]]:
     async with session.post(server.make_url("/v1/verify"), json={"token": token}) as resp:
         return resp.status, await resp.json()
 
 
-def decode_with_jwks(token: str, jwks: dict[str, Any], issuer: str = "https://accounts.firefox.com") -> dict[str, Any]:
+def decode_with_jwks(
+    token: str, jwks: dict[str, Any], issuer: str = "https://accounts.firefox.com"
+) -> dict[str, Any]:
     """Local verification the way an FxA client does it: pick the JWK by kid, check RS256 + typ."""
     header = jwt.get_unverified_header(token)
     assert header["typ"] == "at+jwt"
@@ -72,16 +77,19 @@ def decode_with_jwks(token: str, jwks: dict[str, Any], issuer: str = "https://ac
     if not matching:
         raise LookupError(header["kid"])
     public_key = RSAAlgorithm.from_jwk(matching[0])
+    assert isinstance(public_key, rsa.RSAPublicKey)  # never a private key in the JWKS
     claims: dict[str, Any] = jwt.decode(
         token, public_key, algorithms=["RS256"], issuer=issuer, options={"verify_aud": False}
     )
     return claims
 
 
-# ---- JWKS and JWTs --------------------------------------------------------------------------------
+# ---- JWKS and JWTs ------------------------------------------------------------------------------
 
 
-async def test_jwks_publishes_rsa_signing_keys(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_jwks_publishes_rsa_signing_keys(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     jwks = await fetch_jwks(session, server)
     (key,) = jwks["keys"]
     assert key["kty"] == "RSA" and key["use"] == "sig" and key["alg"] == "RS256"
@@ -104,7 +112,11 @@ async def test_issued_jwt_verifies_locally_with_fxa_claims(
     assert claims["client_id"] == DEFAULT_CLIENT_ID == claims["aud"]
     assert claims["scope"] == "profile:uid https://identity.mozilla.com/apps/vpn"
     assert before <= claims["iat"] <= claims["exp"] - 3600 + 1
-    assert claims["jti"] and claims["jti"] != jwt.decode(fake.issue_jwt("uid-123"), options={"verify_signature": False})["jti"]
+    assert (
+        claims["jti"]
+        and claims["jti"]
+        != jwt.decode(fake.issue_jwt("uid-123"), options={"verify_signature": False})["jti"]
+    )
 
 
 async def test_jwt_knobs(fake: FakeFxA) -> None:
@@ -124,7 +136,9 @@ async def test_expired_jwt_fails_locally_and_remotely(
     assert await verify(session, server, token) == (400, INVALID_TOKEN_BODY)
 
 
-async def test_verify_accepts_issued_jwts(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_verify_accepts_issued_jwts(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     token = fake.issue_jwt("uid-9", ("profile:uid", "profile:email"))
     status, body = await verify(session, server, token)
     assert status == 200
@@ -137,10 +151,17 @@ async def test_verify_accepts_issued_jwts(fake: FakeFxA, server: TestServer, ses
     }
 
 
-async def test_verify_rejects_a_tampered_jwt(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
-    header, payload, signature = fake.issue_jwt("uid-9").split(".")
-    forged_payload = jwt.utils.base64url_encode(b'{"sub":"admin","scope":"profile:uid","client_id":"x","exp":9999999999}')
-    assert await verify(session, server, f"{header}.{forged_payload.decode()}.{signature}") == (400, INVALID_TOKEN_BODY)
+async def test_verify_rejects_a_tampered_jwt(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
+    header, _, signature = fake.issue_jwt("uid-9").split(".")
+    forged_payload = jwt.utils.base64url_encode(
+        b'{"sub":"admin","scope":"profile:uid","client_id":"x","exp":9999999999}'
+    )
+    assert await verify(session, server, f"{header}.{forged_payload.decode()}.{signature}") == (
+        400,
+        INVALID_TOKEN_BODY,
+    )
 
 
 # ---- opaque tokens ------------------------------------------------------------------------------
@@ -149,27 +170,39 @@ async def test_verify_rejects_a_tampered_jwt(fake: FakeFxA, server: TestServer, 
 async def test_opaque_tokens_verify_only_remotely(
     fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    token = fake.add_opaque_token("0f" * 32, "uid-opaque", ("profile:uid", "extra:scope"), client_id="c1")
+    token = fake.add_opaque_token(
+        "0f" * 32, "uid-opaque", ("profile:uid", "extra:scope"), client_id="c1"
+    )
     with pytest.raises(jwt.DecodeError):
         jwt.get_unverified_header(token)
     status, body = await verify(session, server, token)
     assert status == 200
-    assert (body["user"], body["scope"], body["client_id"]) == ("uid-opaque", ["profile:uid", "extra:scope"], "c1")
+    assert (body["user"], body["scope"], body["client_id"]) == (
+        "uid-opaque",
+        ["profile:uid", "extra:scope"],
+        "c1",
+    )
     assert await verify(session, server, "no-such-token") == (400, INVALID_TOKEN_BODY)
 
 
-async def test_demo_token_is_registered(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_demo_token_is_registered(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     assert fake.demo_token == DEMO_TOKEN == "demo-token"
     status, body = await verify(session, server, DEMO_TOKEN)
     assert (status, body["user"], body["scope"]) == (200, DEMO_UID, ["profile:uid"])
 
 
-async def test_demo_token_can_be_left_out(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_demo_token_can_be_left_out(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     server = await aiohttp_server(FakeFxA(register_demo_token=False).make_app())
     assert (await verify(session, server, DEMO_TOKEN))[0] == 400
 
 
-async def test_revoked_tokens_fail(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_revoked_tokens_fail(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     jwt_token = fake.issue_jwt("uid-r")
     opaque = fake.add_opaque_token("revoke-me", "uid-r")
     fake.revoke(jwt_token)
@@ -201,7 +234,9 @@ async def test_verify_calls_are_counted_by_token_digest(
     assert fake.verify_count(DEMO_TOKEN) == 0
 
 
-async def test_verify_delay_per_token(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_verify_delay_per_token(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     slow = fake.add_opaque_token("slow-token", "uid-slow")
     fake.verify_delay = lambda token: 0.3 if token == slow else 0.0
 
@@ -215,14 +250,18 @@ async def test_verify_delay_per_token(fake: FakeFxA, server: TestServer, session
     assert fast_elapsed < 0.2
 
 
-async def test_verify_delay_constant(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_verify_delay_constant(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     fake.verify_delay = 0.2
     started = time.monotonic()
     await verify(session, server, DEMO_TOKEN)
     assert time.monotonic() - started >= 0.2
 
 
-async def test_down_answers_503_everywhere(fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_down_answers_503_everywhere(
+    fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     fake.down = True
     status, body = await verify(session, server, DEMO_TOKEN)
     assert (status, body["code"]) == (503, 503)
@@ -236,7 +275,9 @@ async def test_down_answers_503_everywhere(fake: FakeFxA, server: TestServer, se
 # ---- key rotation -------------------------------------------------------------------------------
 
 
-async def test_rotation_keeps_old_keys_unless_dropped(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_rotation_keeps_old_keys_unless_dropped(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     fake = FakeFxA()
     server = await aiohttp_server(fake.make_app())
     old_kid = fake.current_kid
@@ -283,10 +324,12 @@ async def test_unpublished_kid_then_published_needs_a_refetch(
     assert kid not in fake.published_kids
 
 
-async def test_rotate_to_unpublished_key(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_rotate_to_unpublished_key(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     fake = FakeFxA()
     server = await aiohttp_server(fake.make_app())
-    kid = fake.rotate_key(publish=False)
+    fake.rotate_key(publish=False)
     token = fake.issue_jwt("uid-x")
     with pytest.raises(LookupError):
         decode_with_jwks(token, await fetch_jwks(session, server))

@@ -29,8 +29,13 @@ MASTER = {"Authorization": "Bearer sk-test-master"}
 ServerFactory = Callable[..., Awaitable[TestServer]]
 
 
-def chat_body(content: str = "hi", *, stream: bool = True, include_usage: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "mozilla/test-model", "messages": [{"role": "user", "content": content}]}
+def chat_body(
+    content: str = "hi", *, stream: bool = True, include_usage: bool = True
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "mozilla/test-model",
+        "messages": [{"role": "user", "content": content}],
+    }
     if stream:
         body["stream"] = True
         if include_usage:
@@ -96,7 +101,9 @@ async def test_stream_ok_sends_role_content_finish_usage_and_done(
     role, *contents, finish, usage = chunks
     assert role["object"] == "chat.completion.chunk"
     assert role["model"] == "mozilla/test-model"
-    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+    assert role["choices"] == [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+    ]
     assert len(contents) == 5
     assert "".join(c["choices"][0]["delta"]["content"] for c in contents) == fake.completion_text()
     assert finish["choices"][0]["finish_reason"] == "stop"
@@ -114,7 +121,9 @@ async def test_stream_without_include_usage_has_no_usage_chunk(
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
-async def test_chunk_count_is_a_knob(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_chunk_count_is_a_knob(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     fake = FakeLiteLLM(chunks=20, prompt_tokens=3)
     server = await aiohttp_server(fake.make_app())
     _, _, raw = await post_chat(session, server, chat_body())
@@ -133,25 +142,35 @@ async def test_non_stream_returns_chat_completion_json(
     assert headers["x-litellm-attempted-fallbacks"] == "0"
     payload = json.loads(raw)
     assert payload["object"] == "chat.completion"
-    assert payload["choices"][0]["message"] == {"role": "assistant", "content": fake.completion_text()}
+    assert payload["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": fake.completion_text(),
+    }
     assert payload["usage"]["total_tokens"] == payload["usage"]["prompt_tokens"] + 5
 
 
 async def test_routing_headers_are_configurable(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
-    fake.response_headers = {"x-litellm-attempted-fallbacks": "2", "x-litellm-model-api-base": " https://b "}
+    fake.response_headers = {
+        "x-litellm-attempted-fallbacks": "2",
+        "x-litellm-model-api-base": " https://b ",
+    }
     _, headers, _ = await post_chat(session, server, chat_body())
     assert headers["x-litellm-attempted-fallbacks"] == "2"
     assert headers["x-litellm-model-api-base"] == "https://b"  # HTTP strips outer whitespace
     assert "x-litellm-response-cost" not in headers
 
 
-async def test_interval_paces_chunks(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_interval_paces_chunks(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     fake = FakeLiteLLM(chunks=4, interval=0.05, ttft=0.05)
     server = await aiohttp_server(fake.make_app())
     started = time.monotonic()
-    async with session.post(server.make_url("/v1/chat/completions"), json=chat_body(), headers=VIRTUAL) as resp:
+    async with session.post(
+        server.make_url("/v1/chat/completions"), json=chat_body(), headers=VIRTUAL
+    ) as resp:
         first_read = await resp.content.readany()
         first_at = time.monotonic()
         rest = await resp.read()
@@ -164,11 +183,15 @@ async def test_interval_paces_chunks(aiohttp_server: ServerFactory, session: aio
 # ---- auth and records ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, MASTER, {"Authorization": "sk-test-virtual"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer nope"}, MASTER, {"Authorization": "sk-test-virtual"}]
+)
 async def test_chat_requires_the_virtual_key(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession, headers: dict[str, str]
 ) -> None:
-    async with session.post(server.make_url("/v1/chat/completions"), json=chat_body(), headers=headers) as resp:
+    async with session.post(
+        server.make_url("/v1/chat/completions"), json=chat_body(), headers=headers
+    ) as resp:
         assert resp.status == 401
         payload = await resp.json()
     assert payload["error"]["type"] == "auth_error"
@@ -176,7 +199,9 @@ async def test_chat_requires_the_virtual_key(
     assert len(fake.requests) == 1
 
 
-async def test_requests_are_recorded(fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_requests_are_recorded(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     before = time.monotonic()
     await post_chat(session, server, chat_body("hello"), **{"X-Custom": "yes"})
     await post_chat(session, server, chat_body(stream=False))
@@ -230,7 +255,18 @@ async def test_scenario_precedence_header_marker_fifo_default(
     ]
 
 
-async def test_marker_in_content_parts_of_last_message(server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_default_scenario_may_be_a_plain_string(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
+    fake.scenario = "tool_calls"
+    _, _, raw = await post_chat(session, server, chat_body(stream=False))
+    assert len(json.loads(raw)["choices"][0]["message"]["tool_calls"]) == 2
+    assert fake.requests[0].scenario is Scenario.TOOL_CALLS
+
+
+async def test_marker_in_content_parts_of_last_message(
+    server: TestServer, session: aiohttp.ClientSession
+) -> None:
     body = chat_body(stream=False)
     body["messages"] = [
         {"role": "user", "content": "[fake:server_500] only in an earlier message"},
@@ -240,7 +276,9 @@ async def test_marker_in_content_parts_of_last_message(server: TestServer, sessi
     assert status == 400
 
 
-async def test_unknown_scenario_is_a_loud_400(server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_unknown_scenario_is_a_loud_400(
+    server: TestServer, session: aiohttp.ClientSession
+) -> None:
     status, _, raw = await post_chat(session, server, chat_body("[fake:nope]"))
     assert status == 400
     assert "unknown scenario" in json.loads(raw)["error"]["message"]
@@ -249,7 +287,8 @@ async def test_unknown_scenario_is_a_loud_400(server: TestServer, session: aioht
 def test_scenario_names_are_exact() -> None:
     assert {s.value for s in ALL_SCENARIOS} == {
         "ok", "slow_first_byte", "hang_before_headers", "hang_after_headers", "mid_stream_error",
-        "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls", "drop_on_reuse",
+        "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls",
+        "drop_on_reuse",
         "budget_400", "budget_429", "rate_limit_429", "throttling_429", "context_window_400",
         "invalid_model_400", "invalid_argument_400", "unclassified_400", "unclassified_429",
         "generate_400", "server_500", "bad_gateway_502",
@@ -266,9 +305,18 @@ DOCUMENTED_ERRORS: dict[str, tuple[int, str]] = {
     "rate_limit_429": (429, "Rate limit exceeded. TPM: 1000/500"),
     "throttling_429": (429, '"status": "RESOURCE_EXHAUSTED", "type": "throttling_error"'),
     "context_window_400": (400, "litellm.ContextWindowExceededError:"),
-    "invalid_model_400": (400, '{"error": "/chat/completions: Invalid model name passed in model=foo"}'),
-    "invalid_argument_400": (400, '"message": "Expected a valid JSON object", "status": "INVALID_ARGUMENT"'),
-    "unclassified_400": (400, '{"error": {"type": "invalid_request", "message": "Invalid request parameters"}}'),
+    "invalid_model_400": (
+        400,
+        '{"error": "/chat/completions: Invalid model name passed in model=foo"}',
+    ),
+    "invalid_argument_400": (
+        400,
+        '"message": "Expected a valid JSON object", "status": "INVALID_ARGUMENT"',
+    ),
+    "unclassified_400": (
+        400,
+        '{"error": {"type": "invalid_request", "message": "Invalid request parameters"}}',
+    ),
     "unclassified_429": (429, "Too Many Requests"),
     "generate_400": (400, "Could not generate a moderate response"),
     "server_500": (500, '"type": "internal_server_error"'),
@@ -285,7 +333,9 @@ def test_every_error_scenario_is_documented() -> None:
 async def test_error_scenarios_answer_like_litellm(
     server: TestServer, session: aiohttp.ClientSession, scenario: str, stream: bool
 ) -> None:
-    status, headers, raw = await post_chat(session, server, chat_body(f"[fake:{scenario}]", stream=stream))
+    status, headers, raw = await post_chat(
+        session, server, chat_body(f"[fake:{scenario}]", stream=stream)
+    )
     expected_status, expected_text = DOCUMENTED_ERRORS[scenario]
     assert status == expected_status
     assert expected_text in raw.decode()
@@ -299,8 +349,14 @@ def test_error_bodies_only_trip_the_classifier_rules_they_are_meant_for() -> Non
         return f"{error.get('type')} {error.get('message')}".lower()
 
     assert "maximum context length" in ERROR_RESPONSES[Scenario.CONTEXT_WINDOW_400].text
-    for scenario in (Scenario.CONTEXT_WINDOW_400, Scenario.INVALID_ARGUMENT_400, Scenario.UNCLASSIFIED_400):
-        assert "rate" not in type_and_message(scenario) and "budget" not in type_and_message(scenario)
+    for scenario in (
+        Scenario.CONTEXT_WINDOW_400,
+        Scenario.INVALID_ARGUMENT_400,
+        Scenario.UNCLASSIFIED_400,
+    ):
+        assert "rate" not in type_and_message(scenario) and "budget" not in type_and_message(
+            scenario
+        )
     assert "budget" not in type_and_message(Scenario.RATE_LIMIT_429)
     assert "rate limit" not in type_and_message(Scenario.GENERATE_400)
     assert "rate" in type_and_message(Scenario.GENERATE_400)  # the trap: "generate", "moderate"
@@ -309,15 +365,19 @@ def test_error_bodies_only_trip_the_classifier_rules_they_are_meant_for() -> Non
         json.loads(ERROR_RESPONSES[Scenario.UNCLASSIFIED_429].body)
 
 
-# ---- timing and connection scenarios -------------------------------------------------------------
+# ---- timing and connection scenarios ------------------------------------------------------------
 
 
-async def test_slow_first_byte_delays_headers(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_slow_first_byte_delays_headers(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     fake = FakeLiteLLM(slow_delay=0.2)
     server = await aiohttp_server(fake.make_app())
     started = time.monotonic()
     async with session.post(
-        server.make_url("/v1/chat/completions"), json=chat_body("[fake:slow_first_byte]"), headers=VIRTUAL
+        server.make_url("/v1/chat/completions"),
+        json=chat_body("[fake:slow_first_byte]"),
+        headers=VIRTUAL,
     ) as resp:
         headers_at = time.monotonic()
         raw = await resp.read()
@@ -345,7 +405,9 @@ async def test_hang_after_headers_sends_headers_then_silence(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
     resp = await session.post(
-        server.make_url("/v1/chat/completions"), json=chat_body("[fake:hang_after_headers]"), headers=VIRTUAL
+        server.make_url("/v1/chat/completions"),
+        json=chat_body("[fake:hang_after_headers]"),
+        headers=VIRTUAL,
     )
     assert resp.status == 200
     assert resp.headers["Content-Type"].startswith("text/event-stream")
@@ -362,7 +424,9 @@ async def test_mid_stream_error_cuts_the_connection_after_two_chunks(
 ) -> None:
     received = b""
     async with session.post(
-        server.make_url("/v1/chat/completions"), json=chat_body("[fake:mid_stream_error]"), headers=VIRTUAL
+        server.make_url("/v1/chat/completions"),
+        json=chat_body("[fake:mid_stream_error]"),
+        headers=VIRTUAL,
     ) as resp:
         assert resp.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -371,7 +435,10 @@ async def test_mid_stream_error_cuts_the_connection_after_two_chunks(
     payloads = sse_payloads(received)
     assert len(payloads) == 3
     assert json.loads(payloads[0])["choices"][0]["delta"]["role"] == "assistant"
-    assert [json.loads(p)["choices"][0]["delta"]["content"] for p in payloads[1:]] == ["Hello", " from"]
+    assert [json.loads(p)["choices"][0]["delta"]["content"] for p in payloads[1:]] == [
+        "Hello",
+        " from",
+    ]
     (record,) = fake.requests
     assert record.aborted_by_fake
     await asyncio.sleep(0.05)
@@ -403,7 +470,9 @@ async def test_split_event_arrives_in_pieces_cut_mid_json(
 ) -> None:
     reads: list[bytes] = []
     async with session.post(
-        server.make_url("/v1/chat/completions"), json=chat_body("[fake:split_event]"), headers=VIRTUAL
+        server.make_url("/v1/chat/completions"),
+        json=chat_body("[fake:split_event]"),
+        headers=VIRTUAL,
     ) as resp:
         async for data in resp.content.iter_any():
             reads.append(data)
@@ -412,9 +481,13 @@ async def test_split_event_arrives_in_pieces_cut_mid_json(
     assert len(reads) >= 2 * events - 2  # allow for an occasional coalesced read
     cut_mid_event = [r for r in reads if not r.endswith(b"\n\n")]
     assert len(cut_mid_event) >= events - 1
-    assert any(b'"usage"' in r and not r.startswith(b"data: ") for r in reads)  # usage chunk split too
+    assert any(
+        b'"usage"' in r and not r.startswith(b"data: ") for r in reads
+    )  # usage chunk split too
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
-    tool_deltas = [c for c in chunks if c["choices"] and "tool_calls" in (c["choices"][0]["delta"] or {})]
+    tool_deltas = [
+        c for c in chunks if c["choices"] and "tool_calls" in (c["choices"][0]["delta"] or {})
+    ]
     assert len(tool_deltas) == 1
 
 
@@ -433,7 +506,9 @@ async def test_delta_null(server: TestServer, session: aiohttp.ClientSession) ->
     assert '"delta":null' in raw.decode()
 
 
-async def test_tool_calls_stream_builds_two_calls(server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_tool_calls_stream_builds_two_calls(
+    server: TestServer, session: aiohttp.ClientSession
+) -> None:
     _, _, raw = await post_chat(session, server, chat_body("[fake:tool_calls]"))
     chunks = sse_chunks(raw)
     calls: dict[int, dict[str, str]] = {}
@@ -450,7 +525,13 @@ async def test_tool_calls_stream_builds_two_calls(server: TestServer, session: a
     assert all(calls[i]["id"] for i in (0, 1))
     assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "unit": "c"}
     assert json.loads(calls[1]["arguments"]) == {"query": "aiohttp"}
-    arguments_chunks = [c for c in chunks if c["choices"] and '"arguments":""' not in json.dumps(c, separators=(",", ":")) and "tool_calls" in c["choices"][0]["delta"]]
+    arguments_chunks = [
+        c
+        for c in chunks
+        if c["choices"]
+        and '"arguments":""' not in json.dumps(c, separators=(",", ":"))
+        and "tool_calls" in c["choices"][0]["delta"]
+    ]
     assert len(arguments_chunks) >= 4  # arguments spread over several deltas
     assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["completion_tokens"] > 0
@@ -465,7 +546,7 @@ async def test_tool_calls_json(server: TestServer, session: aiohttp.ClientSessio
     assert json.loads(calls[0]["function"]["arguments"])["city"] == "Paris"
 
 
-# ---- stale keep-alive -----------------------------------------------------------------------------
+# ---- stale keep-alive ---------------------------------------------------------------------------
 
 
 async def test_drop_on_reuse_from_fifo_drops_once_then_fresh_connection_succeeds(
@@ -491,7 +572,9 @@ async def test_drop_on_reuse_on_a_fresh_connection_is_served_and_consumed(
 ) -> None:
     fake.next_scenarios.append(Scenario.DROP_ON_REUSE)
     assert (await post_chat(session, server, chat_body()))[0] == 200
-    assert (await post_chat(session, server, chat_body()))[0] == 200  # reused, but the drop was spent
+    assert (await post_chat(session, server, chat_body()))[
+        0
+    ] == 200  # reused, but the drop was spent
     assert fake.dropped == 0
     assert fake.requests[1].nth_on_connection == 2
 
@@ -505,7 +588,9 @@ async def test_drop_on_reuse_marker_lets_the_retry_through(
         await post_chat(session, server, body)  # reused: dropped
     assert (await post_chat(session, server, body))[0] == 200  # its retry, on a new connection
     with pytest.raises(aiohttp.ServerDisconnectedError):
-        await post_chat(session, server, body)  # a new request on a reused connection: dropped again
+        await post_chat(
+            session, server, body
+        )  # a new request on a reused connection: dropped again
     assert (await post_chat(session, server, body))[0] == 200
     assert [r.dropped for r in fake.requests] == [False, True, False, True, False]
     assert fake.dropped == 2
@@ -514,7 +599,9 @@ async def test_drop_on_reuse_marker_lets_the_retry_through(
 # ---- search -------------------------------------------------------------------------------------
 
 
-async def test_search_honours_max_results(fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_search_honours_max_results(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     async with session.post(
         server.make_url("/v1/search/exa-search"),
         json={"query": "mozilla firefox", "max_results": 3, "user": "u:ai"},
@@ -529,33 +616,45 @@ async def test_search_honours_max_results(fake: FakeLiteLLM, server: TestServer,
     assert fake.requests_to("/v1/search/exa-search")[0].json["user"] == "u:ai"
 
 
-async def test_search_scenarios_and_auth(server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_search_scenarios_and_auth(
+    server: TestServer, session: aiohttp.ClientSession
+) -> None:
     url = server.make_url("/v1/search/exa-search")
     async with session.post(url, json={"query": "x [fake:budget_429]"}, headers=VIRTUAL) as resp:
         assert resp.status == 429
         assert (await resp.json())["error"]["type"] == "budget_exceeded"
-    async with session.post(url, json={"query": "x"}, headers={**VIRTUAL, SCENARIO_HEADER: "bad_gateway_502"}) as resp:
+    async with session.post(
+        url, json={"query": "x"}, headers={**VIRTUAL, SCENARIO_HEADER: "bad_gateway_502"}
+    ) as resp:
         assert resp.status == 502
     async with session.post(url, json={"query": "x"}, headers=MASTER) as resp:
         assert resp.status == 401
-    async with session.post(url, json={"query": "x", "max_results": "many"}, headers=VIRTUAL) as resp:
+    async with session.post(
+        url, json={"query": "x", "max_results": "many"}, headers=VIRTUAL
+    ) as resp:
         assert resp.status == 400
 
 
 # ---- admin endpoints ----------------------------------------------------------------------------
 
 
-async def test_customer_new_and_info(fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_customer_new_and_info(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     new_url = server.make_url("/customer/new")
     info_url = server.make_url("/customer/info")
-    async with session.post(new_url, json={"user_id": "u1:ai", "budget_id": "end-user-budget-ai"}, headers=MASTER) as resp:
+    async with session.post(
+        new_url, json={"user_id": "u1:ai", "budget_id": "end-user-budget-ai"}, headers=MASTER
+    ) as resp:
         assert resp.status == 200
         created = await resp.json()
     assert created["user_id"] == "u1:ai" and created["budget_id"] == "end-user-budget-ai"
     assert created["blocked"] is False
     assert fake.customers["u1:ai"]["budget_id"] == "end-user-budget-ai"
 
-    async with session.post(new_url, json={"user_id": "u1:ai", "budget_id": "other"}, headers=MASTER) as resp:
+    async with session.post(
+        new_url, json={"user_id": "u1:ai", "budget_id": "other"}, headers=MASTER
+    ) as resp:
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert "already exists" in error["message"] and error["code"] == "400"
@@ -588,19 +687,29 @@ async def test_customer_sink_is_awaited_and_decides_duplicates(
     fake = FakeLiteLLM(customer_sink=sink)
     server = await aiohttp_server(fake.make_app())
     url = server.make_url("/customer/new")
-    async with session.post(url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER) as resp:
+    async with session.post(
+        url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER
+    ) as resp:
         assert resp.status == 200
     assert rows == {"u:ai": "b"}
-    async with session.post(url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER) as resp:
+    async with session.post(
+        url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER
+    ) as resp:
         assert resp.status == 400
 
 
-async def test_readiness(fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_readiness(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     url = server.make_url("/health/readiness")
     async with session.get(url, headers=MASTER) as resp:
         assert resp.status == 200
         body = await resp.json()
-    assert (body["status"], body["db"], body["litellm_version"]) == ("healthy", "connected", "1.84.4")
+    assert (body["status"], body["db"], body["litellm_version"]) == (
+        "healthy",
+        "connected",
+        "1.84.4",
+    )
 
     fake.readiness_db = "Not connected"
     async with session.get(url, headers=MASTER) as resp:
@@ -618,16 +727,22 @@ async def test_readiness(fake: FakeLiteLLM, server: TestServer, session: aiohttp
         assert resp.status == 401
 
 
-async def test_readiness_slow(fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession) -> None:
+async def test_readiness_slow(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
     fake.readiness_delay = 0.5
     with pytest.raises(asyncio.TimeoutError):
         await session.get(
-            server.make_url("/health/readiness"), headers=MASTER, timeout=aiohttp.ClientTimeout(total=0.1)
+            server.make_url("/health/readiness"),
+            headers=MASTER,
+            timeout=aiohttp.ClientTimeout(total=0.1),
         )
     await asyncio.wait_for(fake.requests[0].disconnected.wait(), 2)
 
 
-async def test_model_hub_info_needs_no_auth(aiohttp_server: ServerFactory, session: aiohttp.ClientSession) -> None:
+async def test_model_hub_info_needs_no_auth(
+    aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
     server = await aiohttp_server(FakeLiteLLM(litellm_version="1.2.3").make_app())
     async with session.get(server.make_url("/public/model_hub/info")) as resp:
         assert resp.status == 200
@@ -640,11 +755,15 @@ async def test_model_hub_info_needs_no_auth(aiohttp_server: ServerFactory, sessi
 async def test_run_fake_upstream_serves_until_cancelled(session: aiohttp.ClientSession) -> None:
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     task = asyncio.create_task(
-        run_fake_upstream("127.0.0.1", 0, ttft=0.0, chunks=3, interval=0.0, on_started=started.set_result)
+        run_fake_upstream(
+            "127.0.0.1", 0, ttft=0.0, chunks=3, interval=0.0, on_started=started.set_result
+        )
     )
     try:
         base_url = await asyncio.wait_for(started, 5)
-        async with session.post(f"{base_url}/v1/chat/completions", json=chat_body(), headers=VIRTUAL) as resp:
+        async with session.post(
+            f"{base_url}/v1/chat/completions", json=chat_body(), headers=VIRTUAL
+        ) as resp:
             chunks = sse_chunks(await resp.read())
         assert len(chunks) == 1 + 3 + 2
     finally:
@@ -654,4 +773,3 @@ async def test_run_fake_upstream_serves_until_cancelled(session: aiohttp.ClientS
     with pytest.raises(aiohttp.ClientConnectionError):
         async with aiohttp.ClientSession() as fresh:
             await fresh.get(f"{base_url}/public/model_hub/info")
-
