@@ -1,0 +1,970 @@
+"""A fake LiteLLM proxy speaking LiteLLM's real HTTP wire protocol over loopback.
+
+Used by the unit/integration tests (through `aiohttp_server(fake.make_app())`), by the demo
+and by the benchmarks (through `run_fake_upstream`).
+
+Behaviour per request is chosen by a *scenario* (see `Scenario`), first match wins:
+
+1. the `x-fake-scenario: <name>` request header (bench/CLI talking to the fake directly);
+2. a `[fake:<name>]` marker in the last message's content (chat) or in `query` (search):
+   the proxy forwards bodies unchanged, so tests select scenarios through the proxy this way;
+3. the FIFO `fake.next_scenarios` (each entry applies to one request);
+4. the default `fake.scenario`.
+
+Every request is recorded in `fake.requests` (see `RecordedRequest`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import hashlib
+import itertools
+import json
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+__all__ = [
+    "ALL_SCENARIOS",
+    "ERROR_RESPONSES",
+    "ERROR_SCENARIOS",
+    "SCENARIO_HEADER",
+    "CannedError",
+    "CustomerSink",
+    "FakeLiteLLM",
+    "RecordedRequest",
+    "Scenario",
+    "run_fake_upstream",
+    "serve_fake_litellm",
+]
+
+SCENARIO_HEADER = "x-fake-scenario"
+_MARKER_RE = re.compile(r"\[fake:([A-Za-z0-9_]+)\]")
+
+CHAT_PATH = "/v1/chat/completions"
+SEARCH_PATH = "/v1/search/exa-search"
+CUSTOMER_NEW_PATH = "/customer/new"
+CUSTOMER_INFO_PATH = "/customer/info"
+READINESS_PATH = "/health/readiness"
+MODEL_HUB_INFO_PATH = "/public/model_hub/info"
+
+
+class Scenario(enum.StrEnum):
+    OK = "ok"
+    SLOW_FIRST_BYTE = "slow_first_byte"
+    HANG_BEFORE_HEADERS = "hang_before_headers"
+    HANG_AFTER_HEADERS = "hang_after_headers"
+    MID_STREAM_ERROR = "mid_stream_error"
+    EMPTY_STREAM = "empty_stream"
+    SPLIT_EVENT = "split_event"
+    USAGE_EMPTY_CHOICES = "usage_empty_choices"
+    DELTA_NULL = "delta_null"
+    TOOL_CALLS = "tool_calls"
+    DROP_ON_REUSE = "drop_on_reuse"
+    BUDGET_400 = "budget_400"
+    BUDGET_429 = "budget_429"
+    RATE_LIMIT_429 = "rate_limit_429"
+    THROTTLING_429 = "throttling_429"
+    CONTEXT_WINDOW_400 = "context_window_400"
+    INVALID_MODEL_400 = "invalid_model_400"
+    INVALID_ARGUMENT_400 = "invalid_argument_400"
+    UNCLASSIFIED_400 = "unclassified_400"
+    UNCLASSIFIED_429 = "unclassified_429"
+    GENERATE_400 = "generate_400"
+    SERVER_500 = "server_500"
+    BAD_GATEWAY_502 = "bad_gateway_502"
+
+
+@dataclass(frozen=True, slots=True)
+class CannedError:
+    """An error response exactly as LiteLLM sends it (also when the request had stream=true)."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+    def to_response(self) -> web.Response:
+        return web.Response(status=self.status, body=self.body, content_type=self.content_type)
+
+
+def _json_error(status: int, payload: Mapping[str, Any]) -> CannedError:
+    return CannedError(status, json.dumps(payload).encode(), "application/json")
+
+
+def _text_error(status: int, text: str) -> CannedError:
+    return CannedError(status, text.encode(), "text/plain")
+
+
+_BUDGET_MESSAGE = "Budget has been exceeded! Current cost: 0.11, Max budget: 0.1"
+
+ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
+    {
+        Scenario.BUDGET_400: _json_error(
+            400,
+            {
+                "error": {
+                    "message": _BUDGET_MESSAGE,
+                    "type": "budget_exceeded",
+                    "param": None,
+                    "code": "400",
+                }
+            },
+        ),
+        Scenario.BUDGET_429: _json_error(
+            429,
+            {
+                "error": {
+                    "message": _BUDGET_MESSAGE,
+                    "type": "budget_exceeded",
+                    "param": None,
+                    "code": "429",
+                }
+            },
+        ),
+        Scenario.RATE_LIMIT_429: _json_error(
+            429,
+            {
+                "error": {
+                    "message": "Rate limit exceeded. TPM: 1000/500",
+                    "type": "rate_limit_error",
+                    "param": None,
+                    "code": "429",
+                }
+            },
+        ),
+        Scenario.THROTTLING_429: _json_error(
+            429,
+            {
+                "status": "RESOURCE_EXHAUSTED",
+                "type": "throttling_error",
+                "message": "Resource has been exhausted (e.g. check quota).",
+            },
+        ),
+        Scenario.CONTEXT_WINDOW_400: _json_error(
+            400,
+            {
+                "error": {
+                    "message": (
+                        "litellm.ContextWindowExceededError: litellm.BadRequestError: "
+                        "This model's maximum context length is 8192 tokens. However, your "
+                        "messages resulted in 12000 tokens. Please reduce the length of the "
+                        "messages."
+                    ),
+                    "type": None,
+                    "param": None,
+                    "code": "400",
+                }
+            },
+        ),
+        Scenario.INVALID_MODEL_400: _json_error(
+            400, {"error": "/chat/completions: Invalid model name passed in model=foo"}
+        ),
+        Scenario.INVALID_ARGUMENT_400: _json_error(
+            400,
+            {
+                "error": {
+                    "code": 400,
+                    "message": "Expected a valid JSON object",
+                    "status": "INVALID_ARGUMENT",
+                }
+            },
+        ),
+        Scenario.UNCLASSIFIED_400: _json_error(
+            400, {"error": {"type": "invalid_request", "message": "Invalid request parameters"}}
+        ),
+        Scenario.UNCLASSIFIED_429: _text_error(429, "Too Many Requests"),
+        Scenario.GENERATE_400: _json_error(
+            400,
+            {
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "Could not generate a moderate response",
+                }
+            },
+        ),
+        Scenario.SERVER_500: _json_error(
+            500, {"error": {"message": "Internal error", "type": "internal_server_error"}}
+        ),
+        Scenario.BAD_GATEWAY_502: _text_error(502, "Bad Gateway"),
+    }
+)
+
+ALL_SCENARIOS: tuple[Scenario, ...] = tuple(Scenario)
+ERROR_SCENARIOS: tuple[Scenario, ...] = tuple(ERROR_RESPONSES)
+
+CustomerSink = Callable[[str, str | None], Awaitable[None]]
+
+# Content of the streamed completion: chunk i carries _WORDS[i % len(_WORDS)].
+_WORDS: tuple[str, ...] = ("Hello", " from", " the", " fake", " LiteLLM", ",", " chunk", " stream.")
+
+_TOOL_CALLS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("call_fake_0", "get_weather", ('{"city": ', '"Paris", ', '"unit": "c"}')),
+    ("call_fake_1", "web_search", ('{"query": ', '"aiohttp"}')),
+)
+
+
+def completion_text(chunks: int) -> str:
+    """The assistant content a successful completion with `chunks` content chunks carries."""
+    return "".join(_WORDS[i % len(_WORDS)] for i in range(chunks))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+@dataclass(eq=False)
+class RecordedRequest:
+    """One request the fake received. `headers` keys are lower-cased."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+    connection_id: int
+    # 1 for the first request on a TCP connection, 2 for the next one on the same connection...
+    nth_on_connection: int
+    started_at: float
+    scenario: Scenario | None = None
+    dropped: bool = False
+    # the fake itself cut the connection (mid_stream_error, drop_on_reuse)
+    aborted_by_fake: bool = False
+    disconnected_at: float | None = None
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def mark_disconnected(self) -> None:
+        self.disconnected_at = time.monotonic()
+        self.disconnected.set()
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    # A strong reference keeps id(protocol) unique while the entry lives (RequestHandler
+    # has __slots__ without __weakref__, so no WeakKeyDictionary).
+    protocol: Any
+    connection_id: int
+    requests_seen: int = 0
+
+
+class _UnknownScenario(ValueError):
+    pass
+
+
+def _parse_scenario(name: str | Scenario) -> Scenario:
+    try:
+        return Scenario(name)
+    except ValueError:
+        raise _UnknownScenario(str(name)) from None
+
+
+def _last_message_text(body: Mapping[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return ""
+    content = messages[-1].get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+async def _forever() -> NoReturn:
+    # Only cancellation (client gone, fake aborted the transport, server shutdown) ends this.
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def _litellm_error(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": str(code)}}
+
+
+class _StreamEvents:
+    """Pre-encoded SSE events of one completion stream: JSON is built once per distinct chunk."""
+
+    def __init__(self, model: str) -> None:
+        self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self._prefix = (
+            f'data: {{"id":{_dumps(self.completion_id)},"object":"chat.completion.chunk",'
+            f'"created":{self.created},"model":{_dumps(model)},"choices":'
+        ).encode()
+
+    def event(self, choices: list[dict[str, Any]], usage: Mapping[str, int] | None = None) -> bytes:
+        tail = "" if usage is None else f',"usage":{_dumps(usage)}'
+        return self._prefix + f"{_dumps(choices)}{tail}}}\n\n".encode()
+
+    def delta(self, delta: Mapping[str, Any] | None, finish_reason: str | None = None) -> bytes:
+        return self.event([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
+
+    def role(self) -> bytes:
+        return self.delta({"role": "assistant", "content": ""})
+
+    def contents(self, chunks: int) -> list[bytes]:
+        encoded = [self.delta({"content": word}) for word in _WORDS[:chunks]]
+        return [encoded[i % len(encoded)] for i in range(chunks)]
+
+    def tool_call_deltas(self) -> list[bytes]:
+        events: list[bytes] = []
+        for index, (call_id, name, argument_parts) in enumerate(_TOOL_CALLS):
+            events.append(
+                self.delta(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
+            for part in argument_parts:
+                events.append(
+                    self.delta({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+                )
+        return events
+
+    def finish(self, reason: str) -> bytes:
+        return self.delta({}, reason)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return self.event(
+            [],
+            {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        )
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def _tool_calls_message() -> list[dict[str, Any]]:
+    return [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": "".join(parts)}}
+        for call_id, name, parts in _TOOL_CALLS
+    ]
+
+
+class FakeLiteLLM:
+    """Config, state and recorded traffic of one fake LiteLLM; `make_app()` serves it."""
+
+    def __init__(
+        self,
+        *,
+        virtual_key: str = "sk-test-virtual",
+        master_key: str = "sk-test-master",
+        ttft: float = 0.0,
+        chunks: int = 5,
+        interval: float = 0.0,
+        slow_delay: float = 0.5,
+        split_pause: float = 0.01,
+        prompt_tokens: int = 7,
+        litellm_version: str = "1.84.4",
+        readiness_body: Mapping[str, Any] | None = None,
+        scenario: Scenario | str = Scenario.OK,
+        response_headers: Mapping[str, str] | None = None,
+        customer_sink: CustomerSink | None = None,
+        keep_requests: int | None = None,
+    ) -> None:
+        self.virtual_key = virtual_key
+        self.master_key = master_key
+        self.ttft = ttft
+        self.chunks = chunks
+        self.interval = interval
+        self.slow_delay = slow_delay
+        self.split_pause = split_pause
+        self.prompt_tokens = prompt_tokens
+        self.litellm_version = litellm_version
+        self.scenario: Scenario | str = _parse_scenario(scenario)
+        self.next_scenarios: list[Scenario | str] = []
+        # Sent on successful chat/search responses, like LiteLLM's routing headers.
+        self.response_headers: dict[str, str] = dict(
+            response_headers
+            if response_headers is not None
+            else {
+                "x-litellm-model-api-base": "https://api.fake-provider.test/v1",
+                "x-litellm-attempted-fallbacks": "0",
+                "x-litellm-attempted-retries": "0",
+                "x-litellm-response-duration-ms": "12.5",
+                "x-litellm-response-cost": "0.00012",
+            }
+        )
+        self.customer_sink = customer_sink
+        self.readiness_status = "healthy"
+        self.readiness_db = "connected"
+        self.readiness_body: dict[str, Any] | None = (
+            dict(readiness_body) if readiness_body is not None else None
+        )
+        self.readiness_down = False
+        self.readiness_delay = 0.0
+        self.customers: dict[str, dict[str, Any]] = {}
+        self.requests: collections.deque[RecordedRequest] = collections.deque(maxlen=keep_requests)
+        self.dropped = 0
+        self._connections: dict[int, _Connection] = {}
+        self._prune_connections_at = 64
+        self._connection_ids = itertools.count(1)
+        # Bodies (sha256) dropped by a sticky drop_on_reuse: their retry is served normally.
+        self._dropped_bodies: set[str] = set()
+
+    # ---- public helpers -------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        # handler_cancellation: a client disconnect cancels the handler, so hangs end and
+        # `disconnected_at` gets recorded.
+        app = web.Application(handler_args={"handler_cancellation": True})
+        app.router.add_post(CHAT_PATH, self._handle_chat)
+        app.router.add_post(SEARCH_PATH, self._handle_search)
+        app.router.add_post(CUSTOMER_NEW_PATH, self._handle_customer_new)
+        app.router.add_get(CUSTOMER_INFO_PATH, self._handle_customer_info)
+        app.router.add_get(READINESS_PATH, self._handle_readiness)
+        app.router.add_get(MODEL_HUB_INFO_PATH, self._handle_model_hub_info)
+        return app
+
+    def requests_to(self, path: str) -> list[RecordedRequest]:
+        return [record for record in self.requests if record.path == path]
+
+    def completion_text(self, chunks: int | None = None) -> str:
+        return completion_text(self.chunks if chunks is None else chunks)
+
+    def reset(self) -> None:
+        """Forget traffic, customers and queued scenarios; keep configuration."""
+        self.requests.clear()
+        self.customers.clear()
+        self.next_scenarios.clear()
+        self.dropped = 0
+        self._dropped_bodies.clear()
+
+    # ---- request bookkeeping --------------------------------------------------------------
+
+    def _connection_of(self, request: web.Request) -> _Connection:
+        protocol = request.protocol
+        connection = self._connections.get(id(protocol))
+        if connection is None:
+            if len(self._connections) >= self._prune_connections_at:
+                self._connections = {
+                    key: conn
+                    for key, conn in self._connections.items()
+                    if conn.protocol.transport is not None
+                }
+                self._prune_connections_at = max(64, 2 * len(self._connections))
+            connection = _Connection(protocol, next(self._connection_ids))
+            self._connections[id(protocol)] = connection
+        connection.requests_seen += 1
+        return connection
+
+    async def _record(self, request: web.Request) -> RecordedRequest:
+        started_at = time.monotonic()
+        connection = self._connection_of(request)
+        body = await request.read()
+        try:
+            parsed: Any = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        record = RecordedRequest(
+            method=request.method,
+            path=request.path,
+            headers={name.lower(): value for name, value in request.headers.items()},
+            body=body,
+            json=parsed,
+            connection_id=connection.connection_id,
+            nth_on_connection=connection.requests_seen,
+            started_at=started_at,
+        )
+        self.requests.append(record)
+        return record
+
+    def _authorized(self, request: web.Request, key: str) -> bool:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer ") and header[len("Bearer ") :].strip() == key:
+            return True
+        return request.headers.get("x-litellm-api-key", "") == key
+
+    @staticmethod
+    def _unauthorized() -> web.Response:
+        return web.json_response(
+            _litellm_error(
+                "Authentication Error, Invalid proxy server token passed. Unable to find token in "
+                "cache or `LiteLLM_VerificationTokenTable`",
+                "auth_error",
+                401,
+                "None",
+            ),
+            status=401,
+        )
+
+    @staticmethod
+    def _bad_request(message: str) -> web.Response:
+        return web.json_response(_litellm_error(message, "bad_request_error", 400), status=400)
+
+    def _select_scenario(self, request: web.Request, text: str) -> tuple[Scenario, bool]:
+        """The request's scenario and whether it is sticky (would apply again to a retry)."""
+        header = request.headers.get(SCENARIO_HEADER)
+        if header:
+            return _parse_scenario(header.strip()), True
+        match = _MARKER_RE.search(text)
+        if match:
+            return _parse_scenario(match.group(1)), True
+        if self.next_scenarios:
+            return _parse_scenario(self.next_scenarios.pop(0)), False
+        return _parse_scenario(self.scenario), True  # tests may assign a plain str
+
+    def _should_drop(self, record: RecordedRequest, sticky: bool) -> bool:
+        digest = hashlib.sha256(record.body).hexdigest()
+        if sticky and digest in self._dropped_bodies:
+            # This is the retry of a dropped request: let it through wherever it lands.
+            self._dropped_bodies.discard(digest)
+            return False
+        if record.nth_on_connection <= 1:
+            return False
+        if sticky:
+            self._dropped_bodies.add(digest)
+        return True
+
+    async def _abort(self, request: web.Request, record: RecordedRequest) -> NoReturn:
+        """Cut the TCP connection without finishing the response (chunked encoding included)."""
+        record.aborted_by_fake = True
+        transport = request.transport
+        if transport is not None:
+            # Let bytes already written leave first, so the client really sees a partial body.
+            while transport.get_write_buffer_size() and not transport.is_closing():
+                await asyncio.sleep(0.001)
+            transport.abort()
+        await _forever()  # connection_lost now cancels this handler
+
+    async def _flush(self, request: web.Request) -> None:
+        transport = request.transport
+        while (
+            transport is not None
+            and transport.get_write_buffer_size()
+            and not transport.is_closing()
+        ):
+            await asyncio.sleep(0.001)
+
+    async def _serve_scenario(
+        self,
+        request: web.Request,
+        record: RecordedRequest,
+        text: str,
+        respond: Callable[[web.Request, RecordedRequest, Scenario], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        try:
+            scenario, sticky = self._select_scenario(request, text)
+        except _UnknownScenario as exc:
+            return self._bad_request(f"fake LiteLLM: unknown scenario {exc}")
+        record.scenario = scenario
+        try:
+            if scenario is Scenario.DROP_ON_REUSE and self._should_drop(record, sticky):
+                record.dropped = True
+                self.dropped += 1
+                await self._abort(request, record)
+            canned = ERROR_RESPONSES.get(scenario)
+            if canned is not None:
+                return canned.to_response()
+            if scenario is Scenario.HANG_BEFORE_HEADERS:
+                await _forever()
+            if scenario is Scenario.SLOW_FIRST_BYTE:
+                await asyncio.sleep(self.slow_delay)
+            elif self.ttft > 0:
+                await asyncio.sleep(self.ttft)
+            return await respond(request, record, scenario)
+        except asyncio.CancelledError:
+            if not record.aborted_by_fake:
+                record.mark_disconnected()
+            raise
+
+    # ---- chat completions -----------------------------------------------------------------
+
+    async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        record = await self._record(request)
+        if not self._authorized(request, self.virtual_key):
+            return self._unauthorized()
+        if not isinstance(record.json, dict):
+            return self._bad_request("Invalid JSON body")
+        return await self._serve_scenario(
+            request, record, _last_message_text(record.json), self._respond_chat
+        )
+
+    async def _respond_chat(
+        self, request: web.Request, record: RecordedRequest, scenario: Scenario
+    ) -> web.StreamResponse:
+        body: dict[str, Any] = record.json
+        model = str(body.get("model", "unknown"))
+        if body.get("stream") is True:
+            stream_options = body.get("stream_options")
+            include_usage = (
+                isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+            )
+            return await self._stream_chat(request, record, scenario, model, include_usage)
+        return await self._json_chat(request, record, scenario, model)
+
+    async def _start_stream(self, request: web.Request, content_type: str) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers=self.response_headers)
+        response.content_type = content_type
+        response.charset = "utf-8"
+        await response.prepare(request)  # StreamResponse sends its headers right away
+        return response
+
+    async def _stream_chat(
+        self,
+        request: web.Request,
+        record: RecordedRequest,
+        scenario: Scenario,
+        model: str,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        response = await self._start_stream(request, "text/event-stream")
+        if scenario is Scenario.HANG_AFTER_HEADERS:
+            await _forever()
+        if scenario is Scenario.EMPTY_STREAM:
+            await response.write_eof()
+            return response
+
+        events = _StreamEvents(model)
+        chunks = max(self.chunks, 0)
+        if scenario is Scenario.MID_STREAM_ERROR:
+            await response.write(events.role())
+            for event in events.contents(2):
+                await response.write(event)
+            await self._abort(request, record)
+
+        if scenario is Scenario.TOOL_CALLS:
+            body_events = events.tool_call_deltas()
+            completion_tokens = len(body_events)
+            finish_reason = "tool_calls"
+        else:
+            body_events = events.contents(chunks)
+            completion_tokens = chunks
+            finish_reason = "stop"
+            if scenario is Scenario.DELTA_NULL:
+                body_events.insert(min(1, len(body_events)), events.delta(None))
+            elif scenario is Scenario.SPLIT_EVENT:
+                body_events.extend(events.tool_call_deltas()[:1])
+        tail = [events.finish(finish_reason)]
+        if include_usage:
+            tail.append(events.usage(self.prompt_tokens, completion_tokens))
+        tail.append(DONE_EVENT)
+
+        if scenario is Scenario.SPLIT_EVENT:
+            await self._write_split(request, response, [events.role(), *body_events, *tail])
+        else:
+            await response.write(events.role())
+            await self._write_paced(response, body_events)
+            await response.write(b"".join(tail))
+        await response.write_eof()
+        return response
+
+    async def _write_paced(self, response: web.StreamResponse, events: Sequence[bytes]) -> None:
+        """One event per `interval`, paced by deadlines so sleep overshoot keeps the rate."""
+        interval = self.interval
+        if interval <= 0:
+            if events:
+                await response.write(b"".join(events))
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        for event in events:
+            deadline += interval
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await response.write(event)
+
+    async def _write_split(
+        self, request: web.Request, response: web.StreamResponse, events: Iterable[bytes]
+    ) -> None:
+        """Each event in two TCP writes cut mid-JSON, paused so they arrive as separate reads."""
+        for event in events:
+            middle = len(event) // 2
+            await response.write(event[:middle])
+            await self._flush(request)
+            await asyncio.sleep(self.split_pause)
+            await response.write(event[middle:])
+            await self._flush(request)
+            await asyncio.sleep(self.split_pause)
+
+    async def _json_chat(
+        self, request: web.Request, record: RecordedRequest, scenario: Scenario, model: str
+    ) -> web.StreamResponse:
+        if scenario is Scenario.HANG_AFTER_HEADERS:
+            await self._start_stream(request, "application/json")
+            await _forever()
+        if scenario is Scenario.EMPTY_STREAM:
+            return web.Response(
+                status=200, body=b"", content_type="application/json", headers=self.response_headers
+            )
+
+        message: dict[str, Any] = {"role": "assistant"}
+        if scenario is Scenario.TOOL_CALLS:
+            message["content"] = None
+            message["tool_calls"] = _tool_calls_message()
+            finish_reason = "tool_calls"
+            completion_tokens = len(_TOOL_CALLS)
+        else:
+            message["content"] = self.completion_text()
+            finish_reason = "stop"
+            completion_tokens = max(self.chunks, 0)
+        payload = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens + completion_tokens,
+            },
+        }
+        body = json.dumps(payload).encode()
+        if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
+            return await self._write_json_in_halves(
+                request, record, body, abort=scenario is Scenario.MID_STREAM_ERROR
+            )
+        return web.Response(
+            body=body, content_type="application/json", headers=self.response_headers
+        )
+
+    async def _write_json_in_halves(
+        self, request: web.Request, record: RecordedRequest, body: bytes, *, abort: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers=self.response_headers)
+        response.content_type = "application/json"
+        response.content_length = len(body)
+        await response.prepare(request)
+        middle = len(body) // 2
+        await response.write(body[:middle])
+        if abort:
+            await self._abort(request, record)
+        await self._flush(request)
+        await asyncio.sleep(self.split_pause)
+        await response.write(body[middle:])
+        await response.write_eof()
+        return response
+
+    # ---- search ---------------------------------------------------------------------------
+
+    async def _handle_search(self, request: web.Request) -> web.StreamResponse:
+        record = await self._record(request)
+        if not self._authorized(request, self.virtual_key):
+            return self._unauthorized()
+        if not isinstance(record.json, dict):
+            return self._bad_request("Invalid JSON body")
+        query = record.json.get("query")
+        return await self._serve_scenario(
+            request, record, query if isinstance(query, str) else "", self._respond_search
+        )
+
+    async def _respond_search(
+        self, request: web.Request, record: RecordedRequest, scenario: Scenario
+    ) -> web.StreamResponse:
+        body: dict[str, Any] = record.json
+        query = body.get("query")
+        max_results = body.get("max_results", 5)
+        if not isinstance(query, str) or not query:
+            return self._bad_request("query is required")
+        if (
+            isinstance(max_results, bool)
+            or not isinstance(max_results, int)
+            or not 1 <= max_results <= 100
+        ):
+            return self._bad_request("max_results must be an integer between 1 and 100")
+        if scenario is Scenario.HANG_AFTER_HEADERS:
+            await self._start_stream(request, "application/json")
+            await _forever()
+        if scenario is Scenario.EMPTY_STREAM:
+            return web.Response(
+                status=200, body=b"", content_type="application/json", headers=self.response_headers
+            )
+        slug = re.sub(r"[^a-z0-9]+", "-", query.lower()).strip("-") or "query"
+        payload = {
+            "object": "search",
+            "results": [
+                {
+                    "title": f"Result {rank} for {query}",
+                    "url": f"https://search.fake.test/{slug}/{rank}",
+                    "snippet": f"A plausible snippet #{rank} about {query}.",
+                    "date": None,
+                }
+                for rank in range(1, max_results + 1)
+            ],
+        }
+        encoded = json.dumps(payload).encode()
+        if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
+            return await self._write_json_in_halves(
+                request, record, encoded, abort=scenario is Scenario.MID_STREAM_ERROR
+            )
+        return web.Response(
+            body=encoded, content_type="application/json", headers=self.response_headers
+        )
+
+    # ---- admin endpoints (master key) -----------------------------------------------------
+
+    async def _handle_customer_new(self, request: web.Request) -> web.Response:
+        record = await self._record(request)
+        if not self._authorized(request, self.master_key):
+            return self._unauthorized()
+        body = record.json
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("user_id"), str)
+            or not body["user_id"]
+        ):
+            return self._bad_request("user_id is required")
+        user_id: str = body["user_id"]
+        budget_id = body.get("budget_id")
+        if budget_id is not None and not isinstance(budget_id, str):
+            return self._bad_request("budget_id must be a string")
+        duplicate = web.json_response(
+            _litellm_error(
+                f"Customer already exists, passed user_id={user_id}. Please pass a new user_id.",
+                "bad_request",
+                400,
+                "user_id",
+            ),
+            status=400,
+        )
+        if self.customer_sink is not None:
+            # With a sink, the real database decides uniqueness (as in LiteLLM): a failing
+            # insert is the duplicate answer.
+            try:
+                await self.customer_sink(user_id, budget_id)
+            except Exception:
+                return duplicate
+        elif user_id in self.customers:
+            return duplicate
+        customer = {
+            "user_id": user_id,
+            "blocked": bool(body.get("blocked", False)),
+            "alias": body.get("alias"),
+            "spend": 0.0,
+            "allowed_model_region": None,
+            "default_model": None,
+            "budget_id": budget_id,
+            "litellm_budget_table": None,
+        }
+        self.customers[user_id] = customer
+        return web.json_response(customer)
+
+    async def _handle_customer_info(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        if not self._authorized(request, self.master_key):
+            return self._unauthorized()
+        end_user_id = request.query.get("end_user_id")
+        if end_user_id is None:
+            return web.json_response(
+                {
+                    "detail": [
+                        {
+                            "type": "missing",
+                            "loc": ["query", "end_user_id"],
+                            "msg": "Field required",
+                        }
+                    ]
+                },
+                status=422,
+            )
+        customer = self.customers.get(end_user_id)
+        if customer is None:
+            return web.json_response({"detail": "User not found"})  # LiteLLM answers 200 here
+        return web.json_response(customer)
+
+    async def _handle_readiness(self, request: web.Request) -> web.Response:
+        record = await self._record(request)
+        if not self._authorized(request, self.master_key):
+            return self._unauthorized()
+        try:
+            if self.readiness_delay > 0:
+                await asyncio.sleep(self.readiness_delay)
+        except asyncio.CancelledError:
+            record.mark_disconnected()
+            raise
+        if self.readiness_down:
+            return web.json_response(
+                _litellm_error(
+                    "Service Unhealthy (database unreachable)", "internal_server_error", 500
+                ),
+                status=500,
+            )
+        if self.readiness_body is not None:
+            return web.json_response(self.readiness_body)
+        return web.json_response(
+            {
+                "status": self.readiness_status,
+                "db": self.readiness_db,
+                "cache": None,
+                "litellm_version": self.litellm_version,
+                "success_callbacks": [],
+                "last_updated": None,
+            }
+        )
+
+    async def _handle_model_hub_info(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(
+            {
+                "docs_title": "LiteLLM API - Fake",
+                "custom_docs_description": None,
+                "litellm_version": self.litellm_version,
+                "useful_links": {},
+            }
+        )
+
+
+async def serve_fake_litellm(
+    fake: FakeLiteLLM,
+    host: str = "127.0.0.1",
+    port: int = 4000,
+    *,
+    on_started: Callable[[str], None] | None = None,
+) -> None:
+    """Serve `fake` on host:port until cancelled. `on_started` receives the base URL."""
+    runner = web.AppRunner(fake.make_app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        if on_started is not None:
+            sockets = runner.addresses
+            bound_port = sockets[0][1] if sockets else port
+            on_started(f"http://{host}:{bound_port}")
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def run_fake_upstream(
+    host: str = "127.0.0.1",
+    port: int = 4000,
+    *,
+    ttft: float = 0.0,
+    chunks: int = 5,
+    interval: float = 0.0,
+    on_started: Callable[[str], None] | None = None,
+    **knobs: Any,
+) -> None:
+    """The `fake-upstream` CLI command: a fake LiteLLM until cancelled (keeps 1000 records)."""
+    knobs.setdefault("keep_requests", 1000)
+    fake = FakeLiteLLM(ttft=ttft, chunks=chunks, interval=interval, **knobs)
+    await serve_fake_litellm(fake, host, port, on_started=on_started)
