@@ -123,7 +123,7 @@ class ProxyHeaders:
     use_play_integrity: bool
 
 
-def _parse_bool_header(headers: Mapping[str, str], name: str, errors: list[dict[str, Any]]) -> bool:
+def parse_bool_header(headers: Mapping[str, str], name: str, errors: list[dict[str, Any]]) -> bool:
     raw = headers.get(name)
     if raw is None:
         return False
@@ -152,9 +152,9 @@ def parse_proxy_headers(
             errors.append(validation_error(("header", "service-type"), f"Input should be {_SERVICE_TYPE_CHOICES}", "enum"))
     elif default_service_type is None:
         errors.append(validation_error(("header", "service-type"), "Field required", "missing"))
-    use_app_attest = _parse_bool_header(headers, "use-app-attest", errors)
-    use_qa = _parse_bool_header(headers, "use-qa-certificates", errors)
-    use_play = _parse_bool_header(headers, "use-play-integrity", errors)
+    use_app_attest = parse_bool_header(headers, "use-app-attest", errors)
+    use_qa = parse_bool_header(headers, "use-qa-certificates", errors)
+    use_play = parse_bool_header(headers, "use-play-integrity", errors)
     if authorization is None or service_type is None:
         return None
     return ProxyHeaders(
