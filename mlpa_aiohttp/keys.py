@@ -15,3 +15,8 @@ from .store.base import UserStore
 SETTINGS = web.AppKey("settings", Settings)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 STORE = web.AppKey("store", UserStore)
+
+# Appended by the Postgres layer: the two asyncpg pools (`store.pools.postgres_ctx`).
+from .store.pools import Pools  # noqa: E402  (kept beside its key)
+
+PG_POOLS = web.AppKey("pg_pools", Pools)
