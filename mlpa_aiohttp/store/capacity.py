@@ -18,7 +18,7 @@ import asyncpg
 
 from ..catalog import ServiceType
 from .base import Admission, CapacityState, CapacityStateMissing
-from .pools import Budgets, db_errors, transaction
+from .pools import Budgets, db_errors, retry_stale, transaction
 
 _LOCK_ROW = "SELECT max_identities, current_identities FROM mlpa_user_capacity WHERE id = 1 FOR UPDATE"
 
@@ -34,48 +34,51 @@ class SignupCapacity:
         self._budgets = budgets
 
     async def admit(self, base_identity: str) -> Admission:
-        with db_errors("admit"):
-            async with transaction(self._app, self._budgets.admission) as conn:
-                row = await conn.fetchrow(_LOCK_ROW)
-                if row is None:
-                    raise CapacityStateMissing()
-                claimed = await conn.fetchval(
-                    "SELECT true FROM mlpa_user_capacity_identities WHERE base_identity = $1", base_identity
-                )
-                if claimed:
-                    return Admission(admitted=True, newly_claimed=False)
-                if row["current_identities"] >= row["max_identities"]:
-                    return Admission(admitted=False, newly_claimed=False)
-                await conn.execute(
-                    "INSERT INTO mlpa_user_capacity_identities (base_identity) VALUES ($1)", base_identity
-                )
-                await conn.execute(
-                    "UPDATE mlpa_user_capacity"
-                    " SET current_identities = current_identities + 1, updated_at = NOW() WHERE id = 1"
-                )
-                return Admission(admitted=True, newly_claimed=True)
+        # Retried once on a dropped connection: the first attempt either never reached
+        # the server, was rolled back, or committed (then the retry finds the claim).
+        return await retry_stale("admit", lambda: self._admit(base_identity))
+
+    async def _admit(self, base_identity: str) -> Admission:
+        async with transaction(self._app, self._budgets.admission) as conn:
+            row = await conn.fetchrow(_LOCK_ROW)
+            if row is None:
+                raise CapacityStateMissing()
+            claimed = await conn.fetchval(
+                "SELECT true FROM mlpa_user_capacity_identities WHERE base_identity = $1", base_identity
+            )
+            if claimed:
+                return Admission(admitted=True, newly_claimed=False)
+            if row["current_identities"] >= row["max_identities"]:
+                return Admission(admitted=False, newly_claimed=False)
+            await conn.execute("INSERT INTO mlpa_user_capacity_identities (base_identity) VALUES ($1)", base_identity)
+            await conn.execute(
+                "UPDATE mlpa_user_capacity"
+                " SET current_identities = current_identities + 1, updated_at = NOW() WHERE id = 1"
+            )
+            return Admission(admitted=True, newly_claimed=True)
 
     async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
         if await self.has_capped_user(base_identity, capped):
             return
-        with db_errors("release"):
-            async with transaction(self._app, self._budgets.admission) as conn:
-                if await conn.fetchrow(_LOCK_ROW) is None:
-                    return
-                deleted = await conn.fetchval(
-                    "DELETE FROM mlpa_user_capacity_identities WHERE base_identity = $1 RETURNING true",
-                    base_identity,
+        await retry_stale("release", lambda: self._release(base_identity))
+
+    async def _release(self, base_identity: str) -> None:
+        async with transaction(self._app, self._budgets.admission) as conn:
+            if await conn.fetchrow(_LOCK_ROW) is None:
+                return
+            deleted = await conn.fetchval(
+                "DELETE FROM mlpa_user_capacity_identities WHERE base_identity = $1 RETURNING true", base_identity
+            )
+            if deleted:
+                await conn.execute(
+                    "UPDATE mlpa_user_capacity"
+                    " SET current_identities = GREATEST(current_identities - 1, 0), updated_at = NOW()"
+                    " WHERE id = 1"
                 )
-                if deleted:
-                    await conn.execute(
-                        "UPDATE mlpa_user_capacity"
-                        " SET current_identities = GREATEST(current_identities - 1, 0), updated_at = NOW()"
-                        " WHERE id = 1"
-                    )
 
     async def has_capped_user(self, base_identity: str, capped: frozenset[ServiceType]) -> bool:
-        # Exact ids, so the primary key serves the lookup.
-        with db_errors("has_capped_user"):
+        async def read() -> bool:
+            # Exact ids, so the primary key serves the lookup.
             async with transaction(self._litellm, self._budgets.admin_read) as conn:
                 return bool(
                     await conn.fetchval(
@@ -84,20 +87,26 @@ class SignupCapacity:
                     )
                 )
 
+        return await retry_stale("has_capped_user", read)
+
     async def state(self) -> CapacityState | None:
-        with db_errors("capacity_state"):
-            row = await self._app.fetchrow(
+        row = await retry_stale(
+            "capacity_state",
+            lambda: self._app.fetchrow(
                 "SELECT max_identities, current_identities, updated_at FROM mlpa_user_capacity WHERE id = 1"
-            )
+            ),
+        )
         if row is None:
             return None
         return CapacityState(row["max_identities"], row["current_identities"], row["updated_at"])
 
     async def seed(self, max_identities: int) -> None:
         """Create the row if absent and set the configured maximum (failure is fatal)."""
-        with db_errors("seed capacity state"):
+        async def seed() -> None:
             async with transaction(self._app, self._budgets.default) as conn:
                 await seed_capacity_row(conn, max_identities)
+
+        await retry_stale("seed capacity state", seed)
 
     async def reconcile(self, capped: frozenset[ServiceType]) -> int:
         """Rebuild the claims from LiteLLM's table; returns the new count.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
 import asyncpg
 
@@ -39,6 +39,18 @@ DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+
+# What a pooled connection reports when the server dropped it while it sat idle
+# (backend terminated, server or PgBouncer restarted).
+STALE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.AdminShutdownError,
+    asyncpg.InternalClientError,
+    ConnectionResetError,
+    BrokenPipeError,
+)
+
+T = TypeVar("T")
 
 
 class DatabaseConnectError(StoreUnavailable):
@@ -104,6 +116,16 @@ def db_errors(operation: str) -> Iterator[None]:
         yield
     except DATABASE_ERRORS as exc:
         raise StoreUnavailable(f"{operation}: {type(exc).__name__}: {exc}") from exc
+
+
+async def retry_stale(operation: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run an idempotent database operation, once more on a fresh connection if the
+    first one turns out to have been dropped by the server; errors as `StoreUnavailable`."""
+    with db_errors(operation):
+        try:
+            return await attempt()
+        except STALE_CONNECTION_ERRORS:
+            return await attempt()
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from ..catalog import BudgetTier, ServiceType
 from ..settings import PostgresSettings
 from .base import Admission, CapacityState, CustomerCreator, EndUser
 from .capacity import SignupCapacity
-from .pools import DATABASE_ERRORS, Budgets, Pools, db_errors, transaction
+from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,7 @@ class PostgresUserStore:
     # -- end users -----------------------------------------------------------------
     async def get_user(self, user_id: str) -> EndUser | None:
         # Hot path: one autocommit statement under the session's default budget.
-        with db_errors("get_user"):
-            row = await self._pools.litellm.fetchrow(_SELECT_USER, user_id)
+        row = await retry_stale("get_user", lambda: self._pools.litellm.fetchrow(_SELECT_USER, user_id))
         return None if row is None else end_user(row)
 
     async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
@@ -140,35 +139,44 @@ class PostgresUserStore:
 
     # -- admin ---------------------------------------------------------------------
     async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]:
-        with db_errors("list_users"):
+        async def read() -> tuple[list[Mapping[str, Any]], int]:
             async with transaction(self._pools.litellm, self._budgets.admin_read) as conn:
                 total = await conn.fetchval('SELECT COUNT(*) FROM "LiteLLM_EndUserTable"')
                 rows = await conn.fetch(
                     'SELECT * FROM "LiteLLM_EndUserTable" ORDER BY user_id LIMIT $1 OFFSET $2', limit, offset
                 )
-        return [record_dict(r) for r in rows], int(total)
+            return [record_dict(r) for r in rows], int(total)
+
+        return await retry_stale("list_users", read)
 
     async def counts_by_service_type(self) -> dict[str, int]:
-        with db_errors("counts_by_service_type"):
+        async def read() -> dict[str, int]:
             async with transaction(self._pools.litellm, self._budgets.admin_read) as conn:
                 rows = await conn.fetch(
                     "SELECT split_part(user_id, ':', 2) AS service_type, COUNT(*) AS n"
                     ' FROM "LiteLLM_EndUserTable" WHERE position(\':\' in user_id) > 0 GROUP BY 1'
                 )
-        return {r["service_type"]: int(r["n"]) for r in rows}
+            return {r["service_type"]: int(r["n"]) for r in rows}
 
+        return await retry_stale("counts_by_service_type", read)
+
+    # Both updates set absolute values, so a retry after a dropped connection is safe.
     async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None:
-        with db_errors("set_budget"):
-            row = await self._pools.litellm.fetchrow(
+        row = await retry_stale(
+            "set_budget",
+            lambda: self._pools.litellm.fetchrow(
                 'UPDATE "LiteLLM_EndUserTable" SET budget_id = $2 WHERE user_id = $1 RETURNING *', user_id, budget_id
-            )
+            ),
+        )
         return None if row is None else end_user(row)
 
     async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None:
-        with db_errors("set_blocked"):
-            row = await self._pools.litellm.fetchrow(
+        row = await retry_stale(
+            "set_blocked",
+            lambda: self._pools.litellm.fetchrow(
                 'UPDATE "LiteLLM_EndUserTable" SET blocked = $2 WHERE user_id = $1 RETURNING *', user_id, blocked
-            )
+            ),
+        )
         return None if row is None else end_user(row)
 
     # -- health --------------------------------------------------------------------

@@ -6,7 +6,8 @@
 
 The server runs as an unprivileged user (initdb refuses root): when the process is root
 the data directory is handed to the `postgres` (or `nobody`) account and the binaries
-run through `runuser`. Durability is switched off for speed. Missing binaries raise
+run through `runuser`. fsync is off for speed; commits stay synchronous, so stopping the
+server with `-m immediate` (outage tests) loses nothing. Missing binaries raise
 `PostgresBinariesMissing`: tests must fail loudly, not skip.
 """
 
@@ -152,7 +153,6 @@ class ThrowawayPostgres:
                 f"-k {self.socket_dir}",
                 f"-c listen_addresses={self.host}",
                 "-c fsync=off",
-                "-c synchronous_commit=off",
                 "-c full_page_writes=off",
                 "-c max_connections=200",
             ]
