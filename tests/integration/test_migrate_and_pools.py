@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from dataclasses import replace
 
@@ -12,8 +13,8 @@ import pytest
 from mlpa_aiohttp.settings import PostgresSettings, Settings, SignupCapSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
-from mlpa_aiohttp.store.pools import DatabaseConnectError, open_pools
-from mlpa_aiohttp.store.postgres import PostgresUserStore
+from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
+from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
 from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
 pytestmark = pytest.mark.postgres
@@ -171,3 +172,14 @@ async def test_terminated_backends_are_replaced(pg_settings: PostgresSettings) -
         await asyncio.sleep(0)
         assert await store.get_user("x:ai") is None
         assert await store.ping() == {"postgres": True, "app_attest": True}
+
+
+async def test_rows_become_json_ready(pools: Pools) -> None:
+    row = await pools.litellm.fetchrow(
+        "SELECT now() AS at, current_date AS day, 1.25::numeric AS amount, interval '90 seconds' AS span,"
+        " gen_random_uuid() AS id, '\\x0102'::bytea AS raw, ARRAY[now()] AS stamps, '{\"a\": 1}'::jsonb AS doc"
+    )
+    record = record_dict(row)
+    json.dumps(record)
+    assert record["amount"] == 1.25 and record["span"] == 90.0 and record["raw"] == "0102"
+    assert isinstance(record["at"], str) and "T" in record["at"]
