@@ -76,27 +76,31 @@ class PostgresChallengeStore:
         self._clock = clock
 
     async def issue(self, key_id_b64: str) -> str:
-        now = self._clock()
-        with db_errors("issue challenge"):
-            # Replaces the stored challenge only when it is stale; concurrent callers for
-            # one key id therefore all get the same challenge.
-            replaced = await self._pool.fetchval(
-                "INSERT INTO challenges (key_id_b64, challenge, created_at) VALUES ($1, $2, $3)"
-                " ON CONFLICT (key_id_b64) DO UPDATE SET challenge = EXCLUDED.challenge, created_at = EXCLUDED.created_at"
-                "   WHERE challenges.challenge IS NULL OR challenges.created_at IS NULL"
-                "      OR challenges.created_at < $4"
-                " RETURNING challenge",
-                key_id_b64,
-                new_challenge(),
-                now,
-                now - self._expiry,
-            )
-            if replaced is not None:
-                return str(replaced)
-            current = await self._pool.fetchval("SELECT challenge FROM challenges WHERE key_id_b64 = $1", key_id_b64)
-        if current is None:  # consumed between the two statements: start over
-            return await self.issue(key_id_b64)
-        return str(current)
+        while True:
+            now = self._clock()
+            with db_errors("issue challenge"):
+                # Replaces the stored challenge only when it is stale, so concurrent
+                # callers for one key id all get the same challenge.
+                replaced = await self._pool.fetchval(
+                    "INSERT INTO challenges (key_id_b64, challenge, created_at) VALUES ($1, $2, $3)"
+                    " ON CONFLICT (key_id_b64) DO UPDATE"
+                    "   SET challenge = EXCLUDED.challenge, created_at = EXCLUDED.created_at"
+                    "   WHERE challenges.challenge IS NULL OR challenges.created_at IS NULL"
+                    "      OR challenges.created_at < $4"
+                    " RETURNING challenge",
+                    key_id_b64,
+                    new_challenge(),
+                    now,
+                    now - self._expiry,
+                )
+                if replaced is not None:
+                    return str(replaced)
+                current = await self._pool.fetchval(
+                    "SELECT challenge FROM challenges WHERE key_id_b64 = $1", key_id_b64
+                )
+            if current is not None:
+                return str(current)
+            # Consumed between the two statements: issue a new one.
 
     async def consume(self, key_id_b64: str, challenge: str) -> bool:
         with db_errors("consume challenge"):

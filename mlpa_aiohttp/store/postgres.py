@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import asyncpg
 
 from ..catalog import BudgetTier, ServiceType
-from ..settings import PostgresSettings
+from ..settings import PostgresSettings, Settings
 from .base import Admission, CapacityState, CustomerCreator, EndUser
 from .capacity import SignupCapacity
 from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
@@ -90,6 +90,15 @@ class PostgresUserStore:
         self._pg = pg
         self._budgets = Budgets.from_settings(pg, admission_lock_timeout_ms)
         self._capacity = SignupCapacity(pools.app, pools.litellm, self._budgets)
+
+    @classmethod
+    def from_settings(cls, pools: Pools, customers: CustomerCreator, settings: Settings) -> "PostgresUserStore":
+        return cls(
+            pools,
+            customers,
+            settings.postgres,
+            admission_lock_timeout_ms=settings.signup_cap.admission_lock_timeout_ms,
+        )
 
     # -- end users -----------------------------------------------------------------
     async def get_user(self, user_id: str) -> EndUser | None:

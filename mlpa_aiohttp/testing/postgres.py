@@ -13,6 +13,7 @@ server with `-m immediate` (outage tests) loses nothing. Missing binaries raise
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -76,7 +77,10 @@ class PostgresBinariesMissing(RuntimeError):
 
 def find_bin_dir() -> Path:
     initdb = shutil.which("initdb")
-    candidates = ([str(Path(initdb).resolve().parent)] if initdb else []) + list(BIN_DIR_CANDIDATES)
+    candidates = [str(Path(initdb).resolve().parent)] if initdb else []
+    candidates += list(BIN_DIR_CANDIDATES)
+    # Debian/Ubuntu keep each major version apart; prefer the newest installed.
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_major_version, reverse=True)
     for candidate in candidates:
         path = Path(candidate)
         if (path / "initdb").is_file() and (path / "pg_ctl").is_file():
@@ -86,6 +90,11 @@ def find_bin_dir() -> Path:
         + ", ".join(BIN_DIR_CANDIDATES)
         + "; install postgresql (Debian: apt-get install postgresql)"
     )
+
+
+def _major_version(bin_dir: str) -> int:
+    version = Path(bin_dir).parent.name
+    return int(version) if version.isdigit() else 0
 
 
 def free_port() -> int:

@@ -9,11 +9,13 @@ from dataclasses import replace
 
 import asyncpg
 import pytest
+from aiohttp import web
 
+from mlpa_aiohttp import keys
 from mlpa_aiohttp.settings import PostgresSettings, Settings, SignupCapSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
-from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
+from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools, postgres_ctx
 from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
 from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
@@ -106,7 +108,7 @@ async def test_open_pools_names_the_unreachable_database(pg_settings: PostgresSe
     with pytest.raises(DatabaseConnectError, match=r"127\.0\.0\.1:1, database 'litellm'"):
         async with open_pools(replace(pg_settings, port=1)):
             pass
-    with pytest.raises(DatabaseConnectError, match="database 'no_such_db'") as caught:
+    with pytest.raises(DatabaseConnectError, match="database 'no_such_db'"):
         async with open_pools(replace(pg_settings, app_attest_db_name="no_such_db")):
             pass
     wrong = "wrong-password-value"
@@ -183,3 +185,14 @@ async def test_rows_become_json_ready(pools: Pools) -> None:
     json.dumps(record)
     assert record["amount"] == 1.25 and record["span"] == 90.0 and record["raw"] == "0102"
     assert isinstance(record["at"], str) and "T" in record["at"]
+
+
+async def test_postgres_cleanup_context_opens_and_closes_the_pools(pg_settings: PostgresSettings) -> None:
+    app = web.Application()
+    app[keys.SETTINGS] = Settings(postgres=pg_settings)
+    app.cleanup_ctx.append(postgres_ctx)
+    await app.startup()
+    pools = app[keys.PG_POOLS]
+    assert await pools.litellm.fetchval("SELECT 1") == 1 and await pools.app.fetchval("SELECT 1") == 1
+    await app.cleanup()
+    assert pools.litellm.is_closing() and pools.app.is_closing()

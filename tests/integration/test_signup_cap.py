@@ -115,9 +115,7 @@ async def test_request_cancelled_between_admission_and_creation_gives_the_slot_b
     await assert_nothing_held(pools.litellm, pools)
 
 
-async def test_cancelled_while_waiting_for_the_lock_holds_nothing(
-    pg_store: PostgresUserStore, pools: Pools, request: pytest.FixtureRequest
-) -> None:
+async def test_cancelled_while_waiting_for_the_lock_holds_nothing(pg_store: PostgresUserStore, pools: Pools) -> None:
     await pg_store.ensure_capacity_state(10, CAPPED)
     holder = pools.app.acquire()
     conn = await holder.__aenter__()
