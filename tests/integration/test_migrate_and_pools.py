@@ -191,6 +191,7 @@ async def test_postgres_cleanup_context_opens_and_closes_the_pools(pg_settings: 
     app = web.Application()
     app[keys.SETTINGS] = Settings(postgres=pg_settings)
     app.cleanup_ctx.append(postgres_ctx)
+    app.freeze()
     await app.startup()
     pools = app[keys.PG_POOLS]
     assert await pools.litellm.fetchval("SELECT 1") == 1 and await pools.app.fetchval("SELECT 1") == 1
