@@ -6,10 +6,12 @@ import asyncio
 import json
 import uuid
 from dataclasses import replace
+from typing import Awaitable, Callable
 
 import asyncpg
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestClient
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.settings import PostgresSettings, Settings, SignupCapSettings
@@ -187,13 +189,14 @@ async def test_rows_become_json_ready(pools: Pools) -> None:
     assert isinstance(record["at"], str) and "T" in record["at"]
 
 
-async def test_postgres_cleanup_context_opens_and_closes_the_pools(pg_settings: PostgresSettings) -> None:
+async def test_postgres_cleanup_context_opens_and_closes_the_pools(
+    pg_settings: PostgresSettings, aiohttp_client: Callable[..., Awaitable[TestClient]]
+) -> None:
     app = web.Application()
     app[keys.SETTINGS] = Settings(postgres=pg_settings)
     app.cleanup_ctx.append(postgres_ctx)
-    app.freeze()
-    await app.startup()
+    client = await aiohttp_client(app)
     pools = app[keys.PG_POOLS]
     assert await pools.litellm.fetchval("SELECT 1") == 1 and await pools.app.fetchval("SELECT 1") == 1
-    await app.cleanup()
+    await client.close()
     assert pools.litellm.is_closing() and pools.app.is_closing()
