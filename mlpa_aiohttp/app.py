@@ -6,13 +6,15 @@ environment (tests call it directly). `app_factory()` is the gunicorn entry
 process-wide logging.
 
 Startup order (cleanup contexts run in this order, and unwind in reverse):
-1. the shared upstream ClientSession, the LiteLLM client and the authenticator;
-2. the user store (memory, or Postgres pools), budgets upserted, capacity state seeded.
+1. the shared upstream ClientSession and the LiteLLM client;
+2. the stores (memory, or the two Postgres pools): budgets upserted, capacity seeded;
+3. authentication: FxA, App Attest, Play Integrity (Google credentials are loaded lazily).
 Shutdown: `on_shutdown` drains open streams (decision 6) before the contexts unwind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import AsyncIterator
 
@@ -20,8 +22,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from . import __version__, keys
+from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
+from .auth.play import PlayIntegrity
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
@@ -29,8 +33,20 @@ from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
 from .settings import Settings
+from .store.app_attest import (
+    ChallengeStore,
+    MemoryChallengeStore,
+    MemoryPublicKeyStore,
+    PostgresChallengeStore,
+    PostgresPublicKeyStore,
+    PublicKeyStore,
+)
+from .store.base import UserStore
 from .store.memory import MemoryUserStore
+from .store.pools import open_pools
+from .store.postgres import PostgresUserStore
 from .store.provisioning import Provisioner
+from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
 
 
@@ -51,6 +67,7 @@ def create_app(settings: Settings) -> web.Application:
     app[keys.STREAMS] = StreamTracker()
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)
+    app.cleanup_ctx.append(_auth_context)
     app.on_shutdown.append(_drain_streams)
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
@@ -62,26 +79,57 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     async with open_session(settings.upstream) as session:
         app[keys.HTTP_SESSION] = session
         app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
-        app[keys.AUTHENTICATOR] = Authenticator(
-            fxa=FxAVerifier(session, settings.fxa),
-            metrics=app[keys.METRICS],
-            dev_token=settings.auth.experimentation_token,
-        )
         yield
 
 
 async def _store_context(app: web.Application) -> AsyncIterator[None]:
+    """Users, App Attest challenges and keys: in memory, or in PostgreSQL."""
     settings = app[keys.SETTINGS]
-    if settings.store != "memory":
-        raise RuntimeError("MLPA_STORE=postgres is not available in this build; use MLPA_STORE=memory")
-    store = MemoryUserStore(app[keys.LITELLM])
-    await store.ensure_budgets(settings.budgets)
-    await store.ensure_capacity_state(
-        settings.signup_cap.max_signed_in_users, settings.signup_cap.capped_service_types
-    )
-    app[keys.STORE] = store
-    app[keys.PROVISIONER] = Provisioner(store, settings.budgets, settings.signup_cap)
-    yield
+    async with contextlib.AsyncExitStack() as stack:
+        if settings.store == "memory":
+            store: UserStore = MemoryUserStore(app[keys.LITELLM])
+            challenges: ChallengeStore = MemoryChallengeStore(settings.app_attest.challenge_expiry_seconds)
+            public_keys: PublicKeyStore = MemoryPublicKeyStore()
+        else:
+            pools = await stack.enter_async_context(open_pools(settings.postgres))
+            app[keys.PG_POOLS] = pools
+            store = PostgresUserStore.from_settings(pools, app[keys.LITELLM], settings)
+            challenges = PostgresChallengeStore(pools.app, settings.app_attest.challenge_expiry_seconds)
+            public_keys = PostgresPublicKeyStore(pools.app)
+        await store.ensure_budgets(settings.budgets)
+        await store.ensure_capacity_state(
+            settings.signup_cap.max_signed_in_users, settings.signup_cap.capped_service_types
+        )
+        app[keys.STORE] = store
+        app[keys.PROVISIONER] = Provisioner(store, settings.budgets, settings.signup_cap)
+        app[keys.APP_ATTEST] = AppAttest(
+            challenges=challenges, keys=public_keys, settings=settings.app_attest, metrics=app[keys.METRICS]
+        )
+        yield
+
+
+async def _auth_context(app: web.Application) -> AsyncIterator[None]:
+    settings = app[keys.SETTINGS]
+    google_tokens = GoogleAccessTokenProvider(settings.play.google_credentials)
+    try:
+        app[keys.PLAY_INTEGRITY] = PlayIntegrity(
+            session=app[keys.HTTP_SESSION],
+            google_tokens=google_tokens,
+            settings=settings.play,
+            auth=settings.auth,
+            metrics=app[keys.METRICS],
+            debug=settings.server.debug,
+        )
+        app[keys.AUTHENTICATOR] = Authenticator(
+            fxa=FxAVerifier(app[keys.HTTP_SESSION], settings.fxa),
+            metrics=app[keys.METRICS],
+            dev_token=settings.auth.experimentation_token,
+            app_attest=app[keys.APP_ATTEST],
+            play_integrity=app[keys.PLAY_INTEGRITY],
+        )
+        yield
+    finally:
+        google_tokens.close()
 
 
 async def _drain_streams(app: web.Application) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
+from .auth.play import PlayIntegrity
 from .observability.metrics import Metrics
 from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
+from .store.pools import Pools
 from .store.provisioning import Provisioner
 from .upstream.litellm import LiteLLMClient
 
@@ -22,6 +25,9 @@ METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
+PG_POOLS = web.AppKey("pg_pools", Pools)
 STORE = web.AppKey("store", UserStore)
 PROVISIONER = web.AppKey("provisioner", Provisioner)
+APP_ATTEST = web.AppKey("app_attest", AppAttest)
+PLAY_INTEGRITY = web.AppKey("play_integrity", PlayIntegrity)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)

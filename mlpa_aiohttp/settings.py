@@ -226,6 +226,8 @@ class PlaySettings:
     request_timeout_seconds: float = 30.0
     quota_project: str | None = None
     max_age_seconds: int = 300
+    # A service-account JSON file; None means Application Default Credentials.
+    google_credentials: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,7 @@ class Settings:
                 request_timeout_seconds=env.float("PLAY_INTEGRITY_REQUEST_TIMEOUT_SECONDS", 30.0, minimum=0.001),
                 quota_project=env.optional_str("PLAY_INTEGRITY_QUOTA_PROJECT"),
                 max_age_seconds=env.int("PLAY_INTEGRITY_MAX_AGE_SECONDS", 300, minimum=1),
+                google_credentials=env.optional_str("PLAY_INTEGRITY_CREDENTIALS_FILE"),
             ),
             observability=ObservabilitySettings(
                 sentry_dsn=env.str("SENTRY_DSN", ""),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import health, proxy
+from .admin import setup_admin_routes
+from .verify import setup_verify_routes
 
 
 def setup_routes(app: web.Application) -> None:
@@ -14,3 +16,5 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/metrics", health.metrics)
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/search", proxy.search)
+    setup_verify_routes(app)
+    setup_admin_routes(app)

@@ -1,0 +1,266 @@
+"""The admin API under `/user` and the read-only dashboard at `/admin` (spec §1.6, §1.10).
+
+Auth is by header, constant-time, full string including the `Bearer ` prefix:
+
+* `master_key` (or `master-key`): list, lookup, budget, block, unblock;
+* `mlpa_ui_access_key` (or `mlpa-ui-access-key`): counts and signup-cap status.
+
+The keys are not interchangeable. A missing or wrong header is 401
+`{"detail": {"error": "Unauthorized"}}` (decisions 10 and 12). Database failures become
+the reference's 500 bodies; nothing internal reaches a response body.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import importlib.resources
+import json
+import re
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from .. import keys
+from ..catalog import ServiceType, service_type_list_text
+from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault, validation_error
+from ..store.base import EndUser, StoreUnavailable
+
+MASTER_KEY_HEADERS = ("master_key", "master-key")
+UI_ACCESS_KEY_HEADERS = ("mlpa_ui_access_key", "mlpa-ui-access-key")
+
+LIMIT_DEFAULT, LIMIT_MIN, LIMIT_MAX = 50, 1, 200
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# -- auth --------------------------------------------------------------------------
+
+
+def key_matches(presented: str, key: str) -> bool:
+    """Constant-time comparison of the whole header value; non-ASCII never matches."""
+    try:
+        return hmac.compare_digest(presented.encode("ascii"), f"Bearer {key}".encode("ascii"))
+    except UnicodeEncodeError:
+        return False
+
+
+def require_key(request: web.Request, header_names: tuple[str, ...], key: str) -> None:
+    presented = next((request.headers[name] for name in header_names if name in request.headers), None)
+    if presented is None or not key_matches(presented, key):
+        raise AuthRejected({"error": "Unauthorized"})
+
+
+def require_master_key(request: web.Request) -> None:
+    require_key(request, MASTER_KEY_HEADERS, request.config_dict[keys.SETTINGS].upstream.master_key)
+
+
+def require_ui_access_key(request: web.Request) -> None:
+    require_key(request, UI_ACCESS_KEY_HEADERS, request.config_dict[keys.SETTINGS].auth.ui_access_key)
+
+
+# -- validation (the reference's 422 list shape) ------------------------------------
+
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _int_query(request: web.Request, name: str, default: int, minimum: int, maximum: int | None) -> tuple[int, dict[str, Any] | None]:
+    raw = request.query.get(name)
+    if raw is None:
+        return default, None
+    loc = ("query", name)
+    if not _INTEGER.fullmatch(raw.strip()):
+        return default, validation_error(
+            loc, "Input should be a valid integer, unable to parse string as an integer", "int_parsing"
+        )
+    value = int(raw.strip())
+    if value < minimum:
+        return default, validation_error(loc, f"Input should be greater than or equal to {minimum}", "greater_than_equal")
+    if maximum is not None and value > maximum:
+        return default, validation_error(loc, f"Input should be less than or equal to {maximum}", "less_than_equal")
+    return value, None
+
+
+async def _service_type_body(request: web.Request) -> str:
+    raw = await request.read()
+    if not raw.strip():
+        raise RequestInvalid([validation_error(("body",), "Field required", "missing")])
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        position = exc.pos if isinstance(exc, json.JSONDecodeError) else 0
+        raise RequestInvalid([validation_error(("body", position), "JSON decode error", "json_invalid")]) from None
+    if not isinstance(body, dict):
+        raise RequestInvalid(
+            [
+                validation_error(
+                    ("body",), "Input should be a valid dictionary or object to extract fields from", "model_attributes_type"
+                )
+            ]
+        )
+    if "service_type" not in body:
+        raise RequestInvalid([validation_error(("body", "service_type"), "Field required", "missing")])
+    value = body["service_type"]
+    if not isinstance(value, str):
+        raise RequestInvalid([validation_error(("body", "service_type"), "Input should be a valid string", "string_type")])
+    return value
+
+
+# -- handlers ----------------------------------------------------------------------
+
+
+async def list_users(request: web.Request) -> web.Response:
+    require_master_key(request)
+    limit, limit_error = _int_query(request, "limit", LIMIT_DEFAULT, LIMIT_MIN, LIMIT_MAX)
+    offset, offset_error = _int_query(request, "offset", 0, 0, None)
+    problems = [e for e in (limit_error, offset_error) if e is not None]
+    if problems:
+        raise RequestInvalid(problems)
+    try:
+        users, total = await request.config_dict[keys.STORE].list_users(limit, offset)
+    except StoreUnavailable:
+        raise ServerFault({"error": "Error listing users"}) from None
+    return web.json_response({"users": users, "total": total, "limit": limit, "offset": offset})
+
+
+async def counts_by_service_type(request: web.Request) -> web.Response:
+    require_ui_access_key(request)
+    try:
+        counts = await request.config_dict[keys.STORE].counts_by_service_type()
+    except StoreUnavailable:
+        raise ServerFault({"error": "Error counting users by service type"}) from None
+    return web.json_response({"service_type_counts": counts, "total_users": sum(counts.values())})
+
+
+async def signup_cap_status(request: web.Request) -> web.Response:
+    require_ui_access_key(request)
+    cap = request.config_dict[keys.SETTINGS].signup_cap
+    try:
+        state = await request.config_dict[keys.STORE].capacity_state()
+    except StoreUnavailable:
+        raise ServerFault({"error": "Error reading signup cap state"}) from None
+    body: dict[str, Any] = {
+        "enforce_signin_cap": cap.enforce,
+        "capped_service_types": sorted(st.value for st in cap.capped_service_types),
+    }
+    if state is None:
+        body |= {
+            "max_signed_in_users": cap.max_signed_in_users,
+            "current_managed_identities": None,
+            "slots_remaining": None,
+            "capacity_updated_at": None,
+            "capacity_row_missing": True,
+        }
+    else:
+        body |= {
+            "max_signed_in_users": state.max_identities,
+            "current_managed_identities": state.current_identities,
+            "slots_remaining": max(0, state.max_identities - state.current_identities),
+            "capacity_updated_at": state.updated_at.isoformat() if state.updated_at else None,
+            "capacity_row_missing": False,
+        }
+    return web.json_response(body)
+
+
+async def user_info(request: web.Request) -> web.Response:
+    """LiteLLM's `/customer/info` for one end user, verbatim (master key, decision 10)."""
+    require_master_key(request)
+    user_id = request.match_info["user_id"]
+    if not user_id.strip():
+        raise NotFound("User not found")
+    upstream = request.config_dict[keys.SETTINGS].upstream
+    session = request.config_dict[keys.HTTP_SESSION]
+    try:
+        async with session.get(
+            upstream.url("/customer/info"),
+            params={"end_user_id": user_id},
+            headers={"Authorization": f"Bearer {upstream.master_key}"},
+            timeout=aiohttp.ClientTimeout(total=upstream.admin_timeout_seconds),
+        ) as response:
+            if response.status >= 400:
+                raise ApiError({"error": "Error fetching user info"}, status=response.status)
+            data = await response.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        raise ServerFault({"error": "Error fetching user info"}) from None
+    if not data:
+        raise NotFound("User not found")
+    return web.json_response(data)
+
+
+async def set_budget(request: web.Request) -> web.Response:
+    require_master_key(request)
+    user_id = request.match_info["user_id"]
+    name = await _service_type_body(request)
+    service_type = ServiceType.parse(name)
+    if service_type is None:
+        raise ApiError(
+            {"error": f"Unknown service type: {name}. Valid values: {service_type_list_text()}"}, status=422
+        )
+    budget_id = request.config_dict[keys.SETTINGS].budgets[service_type].budget_id
+    try:
+        user = await request.config_dict[keys.STORE].set_budget(user_id, budget_id)
+    except StoreUnavailable:
+        raise ServerFault({"error": "Error updating user budget"}) from None
+    if user is None:
+        raise NotFound("User not found.")
+    return web.json_response({"user_id": user_id, "budget_id": budget_id, "service_type": service_type.value})
+
+
+def _set_blocked(blocked: bool) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        require_master_key(request)
+        try:
+            user: EndUser | None = await request.config_dict[keys.STORE].set_blocked(
+                request.match_info["user_id"], blocked
+            )
+        except StoreUnavailable:
+            raise ServerFault({"error": "Error updating user"}) from None
+        if user is None:
+            raise NotFound("User not found.")
+        return web.json_response(dict(user.record))
+
+    handler.__name__ = "block_user" if blocked else "unblock_user"
+    return handler
+
+
+# -- the dashboard -----------------------------------------------------------------
+
+
+def _admin_page() -> Handler:
+    html = (importlib.resources.files(__package__) / "static" / "admin.html").read_text(encoding="utf-8")
+    # The page's only script is inline: allow exactly that script, nothing from elsewhere.
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.DOTALL)
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode("ascii") + "'"
+        for s in scripts
+    )
+    headers = {
+        "Cache-Control": "no-store",
+        "Content-Security-Policy": (
+            f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        ),
+        "Referrer-Policy": "no-referrer",
+    }
+
+    async def admin_page(request: web.Request) -> web.Response:
+        return web.Response(text=html, content_type="text/html", charset="utf-8", headers=headers)
+
+    return admin_page
+
+
+def setup_admin_routes(app: web.Application) -> None:
+    """Register `/user/*` and `/admin`. Fixed paths come before `/user/{user_id}`."""
+    router = app.router
+    router.add_get("/user", list_users)
+    router.add_get("/user/counts-by-service-type", counts_by_service_type)
+    router.add_get("/user/signup-cap-status", signup_cap_status)
+    router.add_get("/user/{user_id}", user_info)
+    router.add_post("/user/{user_id}/budget", set_budget)
+    router.add_post("/user/{user_id}/block", _set_blocked(True))
+    router.add_post("/user/{user_id}/unblock", _set_blocked(False))
+    page = _admin_page()
+    router.add_get("/admin", page)
+    router.add_get("/admin/", page)

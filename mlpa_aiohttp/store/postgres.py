@@ -1,0 +1,201 @@
+"""The production `UserStore`: LiteLLM's own tables plus the app database (spec §3, §8).
+
+End users are read from and updated in `"LiteLLM_EndUserTable"` directly, but only ever
+*created* through LiteLLM's `/customer/new` (the injected `CustomerCreator`). The signup
+cap lives in `capacity.SignupCapacity`. Every database failure leaves as
+`StoreUnavailable`; nothing here holds a connection or transaction past a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+import logging
+import uuid
+from typing import Any, Mapping
+
+import asyncpg
+
+from ..catalog import BudgetTier, ServiceType
+from ..settings import PostgresSettings, Settings
+from .base import Admission, CapacityState, CustomerCreator, EndUser
+from .capacity import SignupCapacity
+from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
+
+log = logging.getLogger(__name__)
+
+# LiteLLM's tables: the names are quoted because LiteLLM created them mixed-case.
+_SELECT_USER = 'SELECT * FROM "LiteLLM_EndUserTable" WHERE user_id = $1'
+
+_UPSERT_BUDGET = """
+INSERT INTO "LiteLLM_BudgetTable"
+    (budget_id, max_budget, rpm_limit, tpm_limit, budget_duration,
+     created_at, updated_at, created_by, updated_by)
+VALUES ($1, $2, $3, $4, $5, NOW(), NOW(), 'default_user_id', 'default_user_id')
+ON CONFLICT (budget_id) DO UPDATE SET
+    max_budget = EXCLUDED.max_budget,
+    rpm_limit = EXCLUDED.rpm_limit,
+    tpm_limit = EXCLUDED.tpm_limit,
+    budget_duration = EXCLUDED.budget_duration,
+    updated_at = NOW(),
+    updated_by = 'default_user_id'
+"""
+
+
+def json_ready(value: Any) -> Any:
+    """A column value as something `json.dumps` accepts (the admin API returns rows)."""
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    return value
+
+
+def record_dict(row: asyncpg.Record) -> dict[str, Any]:
+    return {key: json_ready(value) for key, value in row.items()}
+
+
+def end_user(row: asyncpg.Record) -> EndUser:
+    record = record_dict(row)
+    return EndUser(
+        user_id=record["user_id"],
+        budget_id=record.get("budget_id"),
+        blocked=bool(record.get("blocked")),
+        record=record,
+    )
+
+
+class PostgresUserStore:
+    def __init__(
+        self,
+        pools: Pools,
+        customers: CustomerCreator,
+        pg: PostgresSettings,
+        *,
+        admission_lock_timeout_ms: int = 5000,
+    ) -> None:
+        self._pools = pools
+        self._customers = customers
+        self._pg = pg
+        self._budgets = Budgets.from_settings(pg, admission_lock_timeout_ms)
+        self._capacity = SignupCapacity(pools.app, pools.litellm, self._budgets)
+
+    @classmethod
+    def from_settings(cls, pools: Pools, customers: CustomerCreator, settings: Settings) -> "PostgresUserStore":
+        return cls(
+            pools,
+            customers,
+            settings.postgres,
+            admission_lock_timeout_ms=settings.signup_cap.admission_lock_timeout_ms,
+        )
+
+    # -- end users -----------------------------------------------------------------
+    async def get_user(self, user_id: str) -> EndUser | None:
+        # Hot path: one autocommit statement under the session's default budget.
+        row = await retry_stale("get_user", lambda: self._pools.litellm.fetchrow(_SELECT_USER, user_id))
+        return None if row is None else end_user(row)
+
+    async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
+        await self._customers.create_customer(user_id, budget_id)
+        return await self.get_user(user_id)
+
+    # -- signup cap ----------------------------------------------------------------
+    async def admit(self, base_identity: str) -> Admission:
+        return await self._capacity.admit(base_identity)
+
+    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+        await self._capacity.release(base_identity, capped)
+
+    async def capacity_state(self) -> CapacityState | None:
+        return await self._capacity.state()
+
+    # -- startup -------------------------------------------------------------------
+    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None:
+        # As in the reference: one tier failing must not keep the others out.
+        for service_type, tier in budgets.items():
+            try:
+                async with transaction(self._pools.litellm, self._budgets.default) as conn:
+                    await conn.execute(
+                        _UPSERT_BUDGET,
+                        tier.budget_id,
+                        tier.max_budget,
+                        tier.rpm_limit,
+                        tier.tpm_limit,
+                        tier.budget_duration,
+                    )
+            except DATABASE_ERRORS as exc:
+                log.error("budget upsert failed for %s (%s): %s", service_type.value, tier.budget_id, exc)
+
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None:
+        await self._capacity.seed(max_identities)
+        try:
+            count = await self._capacity.reconcile(capped)
+        except Exception as exc:  # best effort: a stale count is better than no service
+            log.error("signup capacity reconciliation failed: %s", exc)
+        else:
+            log.info("signup capacity reconciled: %d managed identities", count)
+
+    # -- admin ---------------------------------------------------------------------
+    async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]:
+        async def read() -> tuple[list[Mapping[str, Any]], int]:
+            async with transaction(self._pools.litellm, self._budgets.admin_read) as conn:
+                total = await conn.fetchval('SELECT COUNT(*) FROM "LiteLLM_EndUserTable"')
+                rows = await conn.fetch(
+                    'SELECT * FROM "LiteLLM_EndUserTable" ORDER BY user_id LIMIT $1 OFFSET $2', limit, offset
+                )
+            return [record_dict(r) for r in rows], int(total)
+
+        return await retry_stale("list_users", read)
+
+    async def counts_by_service_type(self) -> dict[str, int]:
+        async def read() -> dict[str, int]:
+            async with transaction(self._pools.litellm, self._budgets.admin_read) as conn:
+                rows = await conn.fetch(
+                    "SELECT split_part(user_id, ':', 2) AS service_type, COUNT(*) AS n"
+                    ' FROM "LiteLLM_EndUserTable" WHERE position(\':\' in user_id) > 0 GROUP BY 1'
+                )
+            return {r["service_type"]: int(r["n"]) for r in rows}
+
+        return await retry_stale("counts_by_service_type", read)
+
+    # Both updates set absolute values, so a retry after a dropped connection is safe.
+    async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        row = await retry_stale(
+            "set_budget",
+            lambda: self._pools.litellm.fetchrow(
+                'UPDATE "LiteLLM_EndUserTable" SET budget_id = $2 WHERE user_id = $1 RETURNING *', user_id, budget_id
+            ),
+        )
+        return None if row is None else end_user(row)
+
+    async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None:
+        row = await retry_stale(
+            "set_blocked",
+            lambda: self._pools.litellm.fetchrow(
+                'UPDATE "LiteLLM_EndUserTable" SET blocked = $2 WHERE user_id = $1 RETURNING *', user_id, blocked
+            ),
+        )
+        return None if row is None else end_user(row)
+
+    # -- health --------------------------------------------------------------------
+    async def ping(self) -> dict[str, bool]:
+        litellm, app = await asyncio.gather(self._ping(self._pools.litellm), self._ping(self._pools.app))
+        return {"postgres": litellm, "app_attest": app}
+
+    async def _ping(self, pool: asyncpg.Pool) -> bool:
+        try:
+            async with asyncio.timeout(self._pg.readiness_check_timeout_s):
+                return await pool.fetchval("SELECT 1") == 1
+        except DATABASE_ERRORS:
+            return False

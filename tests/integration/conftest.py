@@ -1,0 +1,140 @@
+"""Integration fixtures: one throwaway PostgreSQL server per test session, emptied per test.
+
+The server (PostgreSQL binaries required: a missing install fails the session, it does
+not skip) carries LiteLLM's two tables in `litellm` and the migrated app database.
+`any_store` runs a test against both `UserStore` implementations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, TypeVar
+
+import asyncpg
+import pytest
+from aiohttp import web
+
+from mlpa_aiohttp.errors import ApiError
+from mlpa_aiohttp.settings import PostgresSettings
+from mlpa_aiohttp.store.base import UserStore
+from mlpa_aiohttp.store.memory import MemoryUserStore
+from mlpa_aiohttp.store.pools import Pools, open_pools
+from mlpa_aiohttp.store.postgres import PostgresUserStore
+from mlpa_aiohttp.testing.postgres import (
+    LiteLLMTableCustomerCreator,
+    ThrowawayPostgres,
+    prepare_databases,
+    truncate_all,
+)
+
+
+T = TypeVar("T")
+
+
+def run_in_own_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code even when a loop is running here
+    (session fixtures are first requested from inside async tests)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as executor:
+        return executor.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[ThrowawayPostgres]:
+    with ThrowawayPostgres() as server:
+        run_in_own_loop(prepare_databases(server.settings()))
+        yield server
+
+
+@pytest.fixture
+def pg_settings(pg_server: ThrowawayPostgres) -> PostgresSettings:
+    if not pg_server.is_running():  # a failed outage test must not take the rest down
+        pg_server.start()
+    return pg_server.settings()
+
+
+@pytest.fixture
+async def pools(pg_settings: PostgresSettings) -> AsyncIterator[Pools]:
+    async with open_pools(pg_settings) as opened:
+        await truncate_all(opened.litellm, opened.app)
+        yield opened
+
+
+@pytest.fixture
+def customer_creator(pools: Pools) -> LiteLLMTableCustomerCreator:
+    return LiteLLMTableCustomerCreator(pools.litellm)
+
+
+@pytest.fixture
+def pg_store(pools: Pools, customer_creator: LiteLLMTableCustomerCreator, pg_settings: PostgresSettings) -> PostgresUserStore:
+    return PostgresUserStore(pools, customer_creator, pg_settings, admission_lock_timeout_ms=5000)
+
+
+class RecordingCreator:
+    """The memory store's LiteLLM stand-in: remembers the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def create_customer(self, user_id: str, budget_id: str) -> None:
+        self.calls.append((user_id, budget_id))
+
+
+@dataclass
+class StoreUnderTest:
+    """A store plus the test-only ways to seed it, the same for both implementations."""
+
+    kind: str
+    store: UserStore
+    calls: list[tuple[str, str]]
+    add_user: Callable[..., Awaitable[None]]
+
+
+async def insert_user(pool: asyncpg.Pool, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+    await pool.execute(
+        'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked) VALUES ($1, $2, $3)',
+        user_id,
+        budget_id,
+        blocked,
+    )
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
+    if request.param == "memory":
+        creator = RecordingCreator()
+        memory = MemoryUserStore(creator)
+
+        async def add_memory_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+            memory.add_user(user_id, budget_id, blocked=blocked)
+
+        return StoreUnderTest("memory", memory, creator.calls, add_memory_user)
+    pools: Pools = request.getfixturevalue("pools")
+    store: PostgresUserStore = request.getfixturevalue("pg_store")
+    pg_creator: LiteLLMTableCustomerCreator = request.getfixturevalue("customer_creator")
+
+    async def add_pg_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+        await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
+
+    return StoreUnderTest("postgres", store, pg_creator.calls, add_pg_user)
+
+
+@web.middleware
+async def api_error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The lead's error mapping, reduced to what the admin routes need."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return web.json_response(err.body(), status=err.status, headers=dict(err.headers))
+
+
+def assert_json_ready(value: object) -> None:
+    json.dumps(value)
+
+
+def with_overrides(settings: PostgresSettings, **overrides: object) -> PostgresSettings:
+    return replace(settings, **overrides)  # type: ignore[arg-type]

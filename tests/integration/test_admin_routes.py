@@ -1,0 +1,326 @@
+"""The admin API over real HTTP, backed by the real stores (and a loopback LiteLLM for
+`/customer/info`). Exact bodies and statuses per spec §1.6, decisions 10 and 12."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from mlpa_aiohttp import keys
+from mlpa_aiohttp.catalog import ServiceType, service_type_list_text
+from mlpa_aiohttp.routes.admin import setup_admin_routes
+from mlpa_aiohttp.settings import AuthSettings, Settings, SignupCapSettings, UpstreamSettings
+from mlpa_aiohttp.store.base import UserStore
+from mlpa_aiohttp.testing.postgres import ThrowawayPostgres
+
+from .conftest import StoreUnderTest, api_error_middleware
+
+pytestmark = pytest.mark.postgres
+
+MASTER_KEY = "sk-master-test"
+UI_KEY = "sk-ui-test"
+MASTER = {"master_key": f"Bearer {MASTER_KEY}"}
+UI = {"mlpa_ui_access_key": f"Bearer {UI_KEY}"}
+UNAUTHORIZED = {"detail": {"error": "Unauthorized"}}
+CAPPED = frozenset({ServiceType.AI, ServiceType.MEMORIES})
+
+ClientFactory = Callable[..., Awaitable[TestClient]]
+ServerFactory = Callable[..., Awaitable[TestServer]]
+
+
+def admin_settings(api_base: str, *, enforce: bool = True) -> Settings:
+    return Settings(
+        upstream=UpstreamSettings(api_base=api_base, master_key=MASTER_KEY),
+        auth=AuthSettings(ui_access_key=UI_KEY),
+        signup_cap=SignupCapSettings(enforce=enforce, max_signed_in_users=500, capped_service_types=CAPPED),
+    )
+
+
+def admin_app(store: UserStore, settings: Settings) -> web.Application:
+    app = web.Application(middlewares=[api_error_middleware])
+    app[keys.SETTINGS] = settings
+    app[keys.STORE] = store
+
+    async def http_session(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession() as session:
+            app[keys.HTTP_SESSION] = session
+            yield
+
+    app.cleanup_ctx.append(http_session)
+    setup_admin_routes(app)
+    return app
+
+
+async def fake_customer_info(request: web.Request) -> web.Response:
+    """LiteLLM's `/customer/info`, reduced to the cases the route distinguishes."""
+    if request.headers.get("Authorization") != f"Bearer {MASTER_KEY}":
+        return web.json_response({"error": "auth"}, status=401)
+    user_id = request.query["end_user_id"]
+    if user_id == "explodes:ai":
+        return web.json_response({"error": "boom"}, status=500)
+    if user_id == "gone:ai":
+        return web.json_response({"error": "nope"}, status=404)
+    if user_id == "empty:ai":
+        return web.json_response({})
+    if user_id.startswith("unknown"):
+        return web.json_response({"detail": "User not found"})  # LiteLLM's real answer
+    return web.json_response({"user_id": user_id, "spend": 0.25, "blocked": False, "litellm_budget_table": None})
+
+
+@pytest.fixture
+async def litellm(aiohttp_server: ServerFactory) -> TestServer:
+    app = web.Application()
+    app.router.add_get("/customer/info", fake_customer_info)
+    return await aiohttp_server(app)
+
+
+@pytest.fixture
+async def client(any_store: StoreUnderTest, litellm: TestServer, aiohttp_client: ClientFactory) -> TestClient:
+    return await aiohttp_client(admin_app(any_store.store, admin_settings(str(litellm.make_url("")))))
+
+
+async def expect(response: aiohttp.ClientResponse, status: int, body: Any) -> None:
+    assert response.status == status, await response.text()
+    assert await response.json() == body
+
+
+# -- auth --------------------------------------------------------------------------
+
+MASTER_ROUTES = [
+    ("GET", "/user"),
+    ("GET", "/user/someone:ai"),
+    ("POST", "/user/someone:ai/budget"),
+    ("POST", "/user/someone:ai/block"),
+    ("POST", "/user/someone:ai/unblock"),
+]
+UI_ROUTES = [("GET", "/user/counts-by-service-type"), ("GET", "/user/signup-cap-status")]
+
+
+@pytest.mark.parametrize("method,path", MASTER_ROUTES + UI_ROUTES)
+async def test_missing_or_wrong_key_is_401(client: TestClient, method: str, path: str) -> None:
+    ui_route = (method, path) in UI_ROUTES
+    right_name = "mlpa_ui_access_key" if ui_route else "master_key"
+    other_key = MASTER if ui_route else UI  # the keys are not interchangeable
+    cases: list[dict[str, str]] = [
+        {},
+        {right_name: "Bearer not-the-key"},
+        {right_name: UI_KEY if ui_route else MASTER_KEY},  # no "Bearer " prefix
+        other_key,
+        {right_name: f"Bearer {MASTER_KEY if ui_route else UI_KEY}"},
+    ]
+    for headers in cases:
+        await expect(await client.request(method, path, headers=headers, json={}), 401, UNAUTHORIZED)
+
+
+async def test_non_ascii_key_is_401(client: TestClient) -> None:
+    response = await client.get("/user", headers={"master_key": "Bearer sk-mäster".encode().decode("latin-1")})
+    await expect(response, 401, UNAUTHORIZED)
+
+
+async def test_hyphenated_header_names_work(client: TestClient) -> None:
+    assert (await client.get("/user", headers={"master-key": f"Bearer {MASTER_KEY}"})).status == 200
+    response = await client.get("/user/counts-by-service-type", headers={"mlpa-ui-access-key": f"Bearer {UI_KEY}"})
+    assert response.status == 200
+
+
+# -- list and counts ---------------------------------------------------------------
+
+
+async def test_list_users_pages(client: TestClient, any_store: StoreUnderTest) -> None:
+    for user_id in ("c:ai", "a:ai", "b:s2s"):
+        await any_store.add_user(user_id, "end-user-budget-ai")
+    response = await client.get("/user", headers=MASTER)
+    assert response.status == 200
+    body = await response.json()
+    assert (body["total"], body["limit"], body["offset"]) == (3, 50, 0)
+    assert [u["user_id"] for u in body["users"]] == ["a:ai", "b:s2s", "c:ai"]
+    assert {"user_id": "a:ai", "budget_id": "end-user-budget-ai", "blocked": False}.items() <= body["users"][0].items()
+    body = await (await client.get("/user", params={"limit": "1", "offset": "2"}, headers=MASTER)).json()
+    assert [u["user_id"] for u in body["users"]] == ["c:ai"] and (body["limit"], body["offset"]) == (1, 2)
+    body = await (await client.get("/user", params={"limit": "200"}, headers=MASTER)).json()
+    assert body["limit"] == 200
+
+
+@pytest.mark.parametrize(
+    "params,errors",
+    [
+        ({"limit": "0"}, [(["query", "limit"], "Input should be greater than or equal to 1", "greater_than_equal")]),
+        ({"limit": "201"}, [(["query", "limit"], "Input should be less than or equal to 200", "less_than_equal")]),
+        ({"offset": "-1"}, [(["query", "offset"], "Input should be greater than or equal to 0", "greater_than_equal")]),
+        (
+            {"limit": "ten", "offset": "x"},
+            [
+                (["query", "limit"], "Input should be a valid integer, unable to parse string as an integer", "int_parsing"),
+                (["query", "offset"], "Input should be a valid integer, unable to parse string as an integer", "int_parsing"),
+            ],
+        ),
+    ],
+)
+async def test_list_users_rejects_bad_paging(client: TestClient, params: dict[str, str], errors: list[tuple[Any, ...]]) -> None:
+    expected = {"detail": [{"loc": loc, "msg": msg, "type": type_} for loc, msg, type_ in errors]}
+    await expect(await client.get("/user", params=params, headers=MASTER), 422, expected)
+
+
+async def test_counts_by_service_type(client: TestClient, any_store: StoreUnderTest) -> None:
+    for user_id in ("a:ai", "b:ai", "a:memories", "no-colon"):
+        await any_store.add_user(user_id)
+    await expect(
+        await client.get("/user/counts-by-service-type", headers=UI),
+        200,
+        {"service_type_counts": {"ai": 2, "memories": 1}, "total_users": 3},
+    )
+
+
+async def test_signup_cap_status(client: TestClient, any_store: StoreUnderTest) -> None:
+    response = await client.get("/user/signup-cap-status", headers=UI)
+    await expect(
+        response,
+        200,
+        {
+            "enforce_signin_cap": True,
+            "capped_service_types": ["ai", "memories"],
+            "max_signed_in_users": 500,
+            "current_managed_identities": None,
+            "slots_remaining": None,
+            "capacity_updated_at": None,
+            "capacity_row_missing": True,
+        },
+    )
+    await any_store.add_user("a:ai")
+    await any_store.store.ensure_capacity_state(2, CAPPED)
+    await any_store.store.admit("b")
+    body = await (await client.get("/user/signup-cap-status", headers=UI)).json()
+    updated_at = body.pop("capacity_updated_at")
+    assert isinstance(updated_at, str) and updated_at[:2] == "20"
+    assert body == {
+        "enforce_signin_cap": True,
+        "capped_service_types": ["ai", "memories"],
+        "max_signed_in_users": 2,
+        "current_managed_identities": 2,
+        "slots_remaining": 0,
+        "capacity_row_missing": False,
+    }
+
+
+# -- lookup (proxied to LiteLLM) ----------------------------------------------------
+
+
+async def test_user_info_is_proxied_verbatim(client: TestClient) -> None:
+    await expect(
+        await client.get("/user/someone:ai", headers=MASTER),
+        200,
+        {"user_id": "someone:ai", "spend": 0.25, "blocked": False, "litellm_budget_table": None},
+    )
+    await expect(await client.get("/user/unknown:ai", headers=MASTER), 200, {"detail": "User not found"})
+
+
+async def test_user_info_failures(client: TestClient) -> None:
+    error = {"detail": {"error": "Error fetching user info"}}
+    await expect(await client.get("/user/explodes:ai", headers=MASTER), 500, error)
+    await expect(await client.get("/user/gone:ai", headers=MASTER), 404, error)
+    await expect(await client.get("/user/empty:ai", headers=MASTER), 404, {"detail": "User not found"})
+    await expect(await client.get("/user/%20", headers=MASTER), 404, {"detail": "User not found"})
+    assert (await client.get("/user/", headers=MASTER)).status in (404, 422)
+
+
+async def test_user_info_with_litellm_unreachable(any_store: StoreUnderTest, aiohttp_client: ClientFactory) -> None:
+    client = await aiohttp_client(admin_app(any_store.store, admin_settings("http://127.0.0.1:1")))
+    await expect(await client.get("/user/x:ai", headers=MASTER), 500, {"detail": {"error": "Error fetching user info"}})
+
+
+# -- writes ------------------------------------------------------------------------
+
+
+async def test_set_budget(client: TestClient, any_store: StoreUnderTest) -> None:
+    await any_store.add_user("u:ai", "end-user-budget-ai")
+    await expect(
+        await client.post("/user/u:ai/budget", json={"service_type": "search-dev"}, headers=MASTER),
+        200,
+        {"user_id": "u:ai", "budget_id": "end-user-budget-search-dev", "service_type": "search-dev"},
+    )
+    user = await any_store.store.get_user("u:ai")
+    assert user is not None and user.budget_id == "end-user-budget-search-dev"
+    await expect(
+        await client.post("/user/missing:ai/budget", json={"service_type": "ai"}, headers=MASTER),
+        404,
+        {"detail": "User not found."},
+    )
+
+
+async def test_set_budget_validation(client: TestClient) -> None:
+    await expect(
+        await client.post("/user/u:ai/budget", json={"service_type": "gold"}, headers=MASTER),
+        422,
+        {"detail": {"error": f"Unknown service type: gold. Valid values: {service_type_list_text()}"}},
+    )
+    assert service_type_list_text().startswith("ai, s2s, s2s-android, memories, search")
+    cases: list[tuple[bytes, list[Any]]] = [
+        (b"", [{"loc": ["body"], "msg": "Field required", "type": "missing"}]),
+        (b"{}", [{"loc": ["body", "service_type"], "msg": "Field required", "type": "missing"}]),
+        (b'{"service_type": 3}', [{"loc": ["body", "service_type"], "msg": "Input should be a valid string", "type": "string_type"}]),
+        (b"{not json", [{"loc": ["body", 1], "msg": "JSON decode error", "type": "json_invalid"}]),
+        (
+            b"[]",
+            [{"loc": ["body"], "msg": "Input should be a valid dictionary or object to extract fields from", "type": "model_attributes_type"}],
+        ),
+    ]
+    for raw, errors in cases:
+        response = await client.post(
+            "/user/u:ai/budget", data=raw, headers={**MASTER, "Content-Type": "application/json"}
+        )
+        await expect(response, 422, {"detail": errors})
+
+
+async def test_block_and_unblock(client: TestClient, any_store: StoreUnderTest) -> None:
+    await any_store.add_user("u:ai", "end-user-budget-ai")
+    response = await client.post("/user/u:ai/block", headers=MASTER)
+    assert response.status == 200
+    row = await response.json()
+    assert {"user_id": "u:ai", "budget_id": "end-user-budget-ai", "blocked": True}.items() <= row.items()
+    assert "spend" in row and "alias" in row
+    row = await (await client.post("/user/u:ai/unblock", headers=MASTER)).json()
+    assert row["blocked"] is False
+    for action in ("block", "unblock"):
+        await expect(await client.post(f"/user/nobody:ai/{action}", headers=MASTER), 404, {"detail": "User not found."})
+
+
+# -- the database going away -------------------------------------------------------
+
+
+async def test_database_down_gives_the_reference_500_bodies(
+    pg_server: ThrowawayPostgres, pg_store: Any, litellm: TestServer, aiohttp_client: ClientFactory
+) -> None:
+    client = await aiohttp_client(admin_app(pg_store, admin_settings(str(litellm.make_url("")))))
+    expected = [
+        ("GET", "/user", MASTER, None, "Error listing users"),
+        ("GET", "/user/counts-by-service-type", UI, None, "Error counting users by service type"),
+        ("GET", "/user/signup-cap-status", UI, None, "Error reading signup cap state"),
+        ("POST", "/user/u:ai/budget", MASTER, {"service_type": "ai"}, "Error updating user budget"),
+        ("POST", "/user/u:ai/block", MASTER, None, "Error updating user"),
+        ("POST", "/user/u:ai/unblock", MASTER, None, "Error updating user"),
+    ]
+    pg_server.stop()
+    try:
+        for method, path, headers, body, message in expected:
+            response = await client.request(method, path, headers=headers, json=body)
+            await expect(response, 500, {"detail": {"error": message}})
+    finally:
+        pg_server.start()
+    await expect(await client.get("/user", headers=MASTER), 200, {"users": [], "total": 0, "limit": 50, "offset": 0})
+
+
+# -- the page ----------------------------------------------------------------------
+
+
+async def test_admin_page_is_served(client: TestClient) -> None:
+    for path in ("/admin", "/admin/"):
+        response = await client.get(path)
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        assert "script-src 'sha256-" in response.headers["Content-Security-Policy"]
+        text = await response.text()
+        assert "UI access key" in text and "https://" not in text  # self-contained, no CDN
