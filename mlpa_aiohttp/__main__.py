@@ -65,9 +65,11 @@ def _serve() -> int:
 
 
 def _migrate() -> int:
-    from .store.migrate import migrate_from_environ
+    from .store.migrate import migrate_command
 
-    return asyncio.run(migrate_from_environ(os.environ))
+    settings = Settings.from_environ(os.environ, check_secrets=False)
+    configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    return migrate_command(settings)
 
 
 async def _wait_for_signal() -> None:

@@ -252,11 +252,15 @@ class Settings:
     observability: ObservabilitySettings = ObservabilitySettings()
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], *, demo: bool = False) -> "Settings":
-        return cls._read(_Env(environ), demo=demo)
+    def from_environ(
+        cls, environ: Mapping[str, str], *, demo: bool = False, check_secrets: bool = True
+    ) -> "Settings":
+        """`check_secrets=False` is for commands that use no secret but the database's
+        (`migrate`), so a migration job need not carry the service's keys."""
+        return cls._read(_Env(environ), demo=demo, check_secrets=check_secrets)
 
     @classmethod
-    def _read(cls, env: _Env, *, demo: bool) -> "Settings":
+    def _read(cls, env: _Env, *, demo: bool, check_secrets: bool = True) -> "Settings":
         debug = env.bool("MLPA_DEBUG", False)
         settings = cls(
             server=_server(env, debug=debug, demo=demo),
@@ -300,7 +304,7 @@ class Settings:
                 prometheus_multiproc_dir=env.optional_str("PROMETHEUS_MULTIPROC_DIR"),
             ),
         )
-        if not (debug or demo):
+        if check_secrets and not (debug or demo):
             _refuse_default_secrets(env)
         return settings
 
