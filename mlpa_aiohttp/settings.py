@@ -409,6 +409,9 @@ def _postgres(env: _Env) -> PostgresSettings:
     )
 
 
+# HS256 keys shorter than the hash output weaken the MAC (RFC 7518 §3.2).
+_MIN_ACCESS_TOKEN_SECRET_BYTES = 32
+
 # Setting the dev token to an empty value is how production turns the dev tiers off.
 _EMPTY_ALLOWED = frozenset({"MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN"})
 
@@ -422,6 +425,9 @@ def _refuse_default_secrets(env: _Env) -> None:
                 f"{name}: still the documented default; set a real secret "
                 "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"
             )
+    secret = (env.raw("MLPA_ACCESS_TOKEN_SECRET") or "").strip()
+    if len(secret.encode()) < _MIN_ACCESS_TOKEN_SECRET_BYTES:
+        raise SettingsError(f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes")
 
 
 def variable_names() -> frozenset[str]:

@@ -24,7 +24,7 @@ TEST_SECRETS = {
     "MASTER_KEY": "sk-test-master",
     "MLPA_VIRTUAL_KEY": "sk-test-virtual",
     "MLPA_UI_ACCESS_KEY": "sk-test-ui",
-    "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret",
+    "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret-of-32-bytes-or-more",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": DEV_TOKEN,
 }
 
