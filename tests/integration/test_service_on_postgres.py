@@ -1,0 +1,99 @@
+"""The whole service with `MLPA_STORE=postgres`: real PostgreSQL, fake LiteLLM writing its
+end users into the same database, FxA fake; outages answered with the reference bodies."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import pytest
+
+from mlpa_aiohttp.app import create_app
+from mlpa_aiohttp.settings import PostgresSettings
+from mlpa_aiohttp.store.pools import Pools
+from mlpa_aiohttp.testing.fake_fxa import FakeFxA
+from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+
+from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
+
+
+def database_environ(pg: PostgresSettings) -> dict[str, str]:
+    return {
+        "MLPA_STORE": "postgres",
+        "DB_HOST": pg.host,
+        "DB_PORT": str(pg.port),
+        "DB_USERNAME": pg.username,
+        "DB_PASSWORD": pg.password,
+        "LITELLM_DB_NAME": pg.litellm_db_name,
+        "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
+    }
+
+
+@pytest.fixture
+async def pg_service(aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings) -> AsyncIterator[Service]:
+    litellm = FakeLiteLLM(
+        virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
+        master_key=TEST_SECRETS["MASTER_KEY"],
+        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
+    )
+    fxa = FakeFxA()
+    litellm_server = await aiohttp_server(litellm.make_app())
+    fxa_server = await aiohttp_server(fxa.make_app())
+    settings = make_settings(
+        str(litellm_server.make_url("")).rstrip("/"),
+        str(fxa_server.make_url("/v1")),
+        MLPA_ENFORCE_SIGNIN_CAP="true",
+        MLPA_MAX_SIGNED_IN_USERS="2",
+        **database_environ(pg_settings),
+    )
+    app = create_app(settings)
+    client = await aiohttp_client(app)
+    yield Service(client=client, litellm=litellm, fxa=fxa, app=app, token=fxa.issue_jwt("pg-uid"))
+
+
+async def test_streaming_completion_creates_the_user_in_litellms_table(pg_service: Service, pools: Pools) -> None:
+    response = await pg_service.chat(chat_body(stream=True))
+    assert response.status == 200
+    assert (await response.read()).endswith(b"data: [DONE]\n\n")
+    row = await pools.litellm.fetchrow('SELECT budget_id, blocked FROM "LiteLLM_EndUserTable" WHERE user_id = $1', "pg-uid:ai")
+    assert row is not None and row["budget_id"] == "end-user-budget-ai" and row["blocked"] is False
+    capacity = await pools.app.fetchval("SELECT current_identities FROM mlpa_user_capacity WHERE id = 1")
+    assert capacity == 1
+    budgets = await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_BudgetTable"')
+    assert budgets == 13
+
+
+async def test_blocked_in_the_database_is_403(pg_service: Service, pools: Pools) -> None:
+    await pools.litellm.execute(
+        'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked) VALUES ($1, $2, true)',
+        "pg-uid:ai",
+        "end-user-budget-ai",
+    )
+    response = await pg_service.chat()
+    assert (response.status, await response.json()) == (403, {"detail": {"error": "User is blocked."}})
+
+
+async def test_signup_cap_through_the_service(pg_service: Service) -> None:
+    for uid in ("a", "b"):
+        token = pg_service.fxa.issue_jwt(uid)
+        assert (await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {token}"))).status == 200
+    third = pg_service.fxa.issue_jwt("c")
+    refused = await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {third}"))
+    assert (refused.status, await refused.json()) == (403, {"detail": {"error": 4}})
+
+
+async def test_database_down_mid_traffic_then_recovers(pg_service: Service, pg_server: ThrowawayPostgres) -> None:
+    assert (await pg_service.chat()).status == 200
+    newcomer = pg_service.fxa.issue_jwt("newcomer")
+    pg_server.stop()
+    try:
+        response = await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
+        assert response.status == 500
+        assert await response.json() == {"detail": {"error": "Error fetching user info"}}
+        readiness = await pg_service.client.get("/health/readiness")
+        assert readiness.status == 503
+        assert (await readiness.json())["pg_server_dbs"] == {"postgres": "offline", "app_attest": "offline"}
+    finally:
+        pg_server.start()
+    response = await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
+    assert response.status == 200
