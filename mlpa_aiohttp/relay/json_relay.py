@@ -75,21 +75,20 @@ async def relay_completion(
 
 
 def _usage_of(payload: Any) -> Usage:
-    accountant = StreamAccountant()
+    """Token counts and tool calls of a whole (non-streamed) completion."""
     if not isinstance(payload, dict):
         return Usage(0, 0, 0)
     usage = payload.get("usage")
-    prompt = completion = 0
-    if isinstance(usage, dict):
-        prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
-        completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
-    if not isinstance(usage, dict) or "prompt_tokens" not in usage or "completion_tokens" not in usage:
+    usage = usage if isinstance(usage, dict) else {}
+    counts = [usage.get(key) for key in ("prompt_tokens", "completion_tokens")]
+    if not all(isinstance(count, int) for count in counts):
         log.warning("usage_field_missing")
+    prompt, completion = (count if isinstance(count, int) else 0 for count in counts)
+    accountant = StreamAccountant()
     choices = payload.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
-            accountant.add_tool_calls(message["tool_calls"])
+    message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+        accountant.add_tool_calls(message["tool_calls"])
     return Usage(prompt, completion, accountant.tool_call_count)
 
 

@@ -25,7 +25,7 @@ from ..settings import PostgresSettings
 from .base import StoreUnavailable
 
 if TYPE_CHECKING:
-    from aiohttp import web
+    pass
 
 # How long one connection attempt may take (asyncpg's default is 60 s, far too long
 # for a pod that should fail its start and be restarted).
@@ -193,12 +193,3 @@ async def close_pool(pool: asyncpg.Pool, timeout_s: float = 10.0) -> None:
         await asyncio.wait_for(pool.close(), timeout_s)
     except (TimeoutError, *DATABASE_ERRORS):
         pool.terminate()
-
-
-async def postgres_ctx(app: "web.Application") -> AsyncIterator[None]:
-    """aiohttp cleanup context: opens the pools into `app[keys.PG_POOLS]`."""
-    from .. import keys  # keys imports this module for the `Pools` type
-
-    async with open_pools(app[keys.SETTINGS].postgres) as pools:
-        app[keys.PG_POOLS] = pools
-        yield

@@ -10,14 +10,14 @@ from typing import Awaitable, Callable
 
 import asyncpg
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from mlpa_aiohttp import keys
+from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.settings import PostgresSettings, Settings, SignupCapSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
-from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools, postgres_ctx
+from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
 from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
@@ -189,12 +189,10 @@ async def test_rows_become_json_ready(pools: Pools) -> None:
     assert isinstance(record["at"], str) and "T" in record["at"]
 
 
-async def test_postgres_cleanup_context_opens_and_closes_the_pools(
+async def test_app_opens_and_closes_the_pools(
     pg_settings: PostgresSettings, aiohttp_client: Callable[..., Awaitable[TestClient]]
 ) -> None:
-    app = web.Application()
-    app[keys.SETTINGS] = Settings(postgres=pg_settings)
-    app.cleanup_ctx.append(postgres_ctx)
+    app = create_app(replace(Settings.from_environ({"MLPA_DEBUG": "true"}), store="postgres", postgres=pg_settings))
     client = await aiohttp_client(app)
     pools = app[keys.PG_POOLS]
     assert await pools.litellm.fetchval("SELECT 1") == 1 and await pools.app.fetchval("SELECT 1") == 1

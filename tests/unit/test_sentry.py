@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, Iterator
 
 import aiohttp
 import pytest
