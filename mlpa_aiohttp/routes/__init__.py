@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import health, proxy
+from .mock import setup_mock_routes
 
 
 def setup_routes(app: web.Application) -> None:
@@ -14,3 +15,6 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/metrics", health.metrics)
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/search", proxy.search)
+
+    # Load-testing routes, only when MLPA_MOCK_ROUTES=true (decision 16).
+    setup_mock_routes(app)
