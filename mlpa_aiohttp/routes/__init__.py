@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import health, proxy
+from .docs import setup_docs_routes
 from .mock import setup_mock_routes
 
 
@@ -18,3 +19,6 @@ def setup_routes(app: web.Application) -> None:
 
     # Load-testing routes, only when MLPA_MOCK_ROUTES=true (decision 16).
     setup_mock_routes(app)
+
+    # OpenAPI document and Swagger UI.
+    setup_docs_routes(app)
