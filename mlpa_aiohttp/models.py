@@ -195,15 +195,21 @@ def parse_chat(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, Ch
     """Validate headers and body together (one 422 listing every problem)."""
     errors: list[dict[str, Any]] = []
     proxy_headers = parse_proxy_headers(headers, errors, default_service_type=None)
+    chat = parse_chat_body(raw, errors)
+    if errors or proxy_headers is None:
+        raise RequestInvalid(errors)
+    return proxy_headers, chat
+
+
+def parse_chat_body(raw: bytes, errors: list[dict[str, Any]]) -> ChatRequest:
+    """The body alone; problems are appended to `errors` (the caller raises the 422)."""
     payload = parse_json_object(raw, errors)
     fields: dict[str, Any] = {}
     if payload is not None:
         fields = _check_fields(payload, CHAT_FIELDS, errors)
         if payload.get("model") is None and not any(e["loc"] == ["body", "model"] for e in errors):
             errors.append(validation_error(("body", "model"), "Field required", "missing"))
-    if errors or proxy_headers is None:
-        raise RequestInvalid(errors)
-    return proxy_headers, ChatRequest(fields)
+    return ChatRequest(fields)
 
 
 def check_model_name(model: str) -> None:

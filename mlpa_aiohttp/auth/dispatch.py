@@ -57,6 +57,10 @@ class Authenticator:
         self.app_attest = app_attest
         self.play_integrity = play_integrity
 
+    @property
+    def fxa(self) -> FxAVerifier:
+        return self._fxa
+
     async def authenticate(self, headers: ProxyHeaders, purpose: str, raw_body: bytes) -> Principal:
         if not headers.authorization:
             raise AuthRejected(MISSING_AUTHORIZATION)

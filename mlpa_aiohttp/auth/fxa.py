@@ -33,6 +33,10 @@ class FxAVerificationFailed(Exception):
     """The token is not valid for the scope (or FxA could not be asked)."""
 
 
+class FxASignatureInvalid(FxAVerificationFailed):
+    """The JWT is not signed by any key FxA publishes."""
+
+
 @dataclass(frozen=True, slots=True)
 class FxAIdentity:
     uid: str
@@ -132,6 +136,13 @@ class FxAVerifier:
         self._cache.put(cache_key, identity.uid)
         return identity
 
+    async def verify_jwt(self, token: str) -> FxAIdentity:
+        """Local JWT verification only, against the cached JWKS (no result cache, no
+        remote call): the load-test route's check (spec §1.7, decision 16)."""
+        if not _looks_like_jwt(token):
+            raise FxAVerificationFailed("not a JWT access token")
+        return await self._verify_locally(token, self._settings.scopes[0])
+
     # -- local (JWT) ---------------------------------------------------------------------
     async def _verify_locally(self, token: str, scope: str) -> FxAIdentity:
         try:
@@ -149,6 +160,8 @@ class FxAVerifier:
                 algorithms=["RS256"],
                 options={"verify_aud": False, "require": ["exp", "sub"]},
             )
+        except jwt.InvalidSignatureError:
+            raise FxASignatureInvalid("JWT signature does not verify") from None
         except jwt.InvalidTokenError as exc:
             raise FxAVerificationFailed(f"JWT rejected: {type(exc).__name__}") from None
         granted = claims.get("scope", "")
@@ -161,14 +174,14 @@ class FxAVerifier:
         if age is not None and kid in self._keys and age < self._settings.jwks_cache_seconds:
             return self._keys[kid]
         if age is not None and kid not in self._keys and age < _MIN_JWKS_REFETCH_SECONDS:
-            raise FxAVerificationFailed("JWT signed by an unknown key")
+            raise FxASignatureInvalid("JWT signed by an unknown key")
         # Unknown kid (a rotation) or stale cache: refetch once, single-flight.
         fetched_before = self._keys_fetched_at
         async with self._jwks_lock:
             if self._keys_fetched_at == fetched_before:
                 await self._fetch_jwks()
         if kid not in self._keys:
-            raise FxAVerificationFailed("JWT signed by an unknown key")
+            raise FxASignatureInvalid("JWT signed by an unknown key")
         return self._keys[kid]
 
     async def _fetch_jwks(self) -> None:

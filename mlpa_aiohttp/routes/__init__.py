@@ -6,6 +6,8 @@ from aiohttp import web
 
 from . import health, proxy
 from .admin import setup_admin_routes
+from .docs import setup_docs_routes
+from .mock import setup_mock_routes
 from .verify import setup_verify_routes
 
 
@@ -16,5 +18,11 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/metrics", health.metrics)
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/search", proxy.search)
+    # App Attest challenge/attestation and the Play Integrity token exchange.
     setup_verify_routes(app)
+    # `/user/*` admin API and the `/admin` page (their own key checks).
     setup_admin_routes(app)
+    # Load-testing routes, only when MLPA_MOCK_ROUTES=true (decision 16).
+    setup_mock_routes(app)
+    # OpenAPI document and Swagger UI.
+    setup_docs_routes(app)

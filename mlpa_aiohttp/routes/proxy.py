@@ -11,6 +11,7 @@ from aiohttp import web
 from .. import keys
 from ..errors import ApiError, AuthRejected, BadRequest, InvalidModelName, SignupCapExceeded, UserBlocked
 from ..models import (
+    ChatRequest,
     check_model_name,
     check_model_service_type,
     check_search_service_type,
@@ -36,8 +37,10 @@ def _bind_principal(principal: Principal) -> None:
     )
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    started = time.monotonic()
+async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
+    """Steps shared by the chat route and the mock chat route (spec §1.7, §1.8): validate,
+    check model and purpose, authenticate; availability is recorded for each rejection, and
+    the country metric once the caller is known."""
     app = request.app
     settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
     raw_body = await request.read()
@@ -71,6 +74,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     metrics.requests_by_country.labels(
         service_type, clamp_model(chat.model), clamp_country(request.headers.get("X-Geo-Country"))
     ).inc()
+    return chat, principal
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    started = time.monotonic()
+    app = request.app
+    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    chat, principal = await authorize_chat(request)
+    service_type, purpose = principal.service_type.value, principal.purpose
 
     user = await _provision_for_chat(request, principal, chat.model)
     if user.blocked:

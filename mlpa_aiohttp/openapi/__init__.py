@@ -1,0 +1,632 @@
+"""The OpenAPI 3.1 document of the service, built from the same catalogue the code uses
+(service types, purposes, chat fields, error codes), so the docs cannot drift from them.
+
+It documents the bodies clients really receive (spec §1.1, §11.11): `{"detail": ...}` for
+most errors, the 422 list shape, the bare `{"error": 3}` 413 of the chat route, and the SSE
+frames a stream may end with. `build_document(mock_routes=...)` includes `/mock/*` only
+when they are mounted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from ..catalog import PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
+from ..errors import (
+    CODE_BUDGET_EXCEEDED,
+    CODE_INVALID_MODEL_NAME,
+    CODE_INVALID_REQUEST,
+    CODE_PAYLOAD_TOO_LARGE,
+    CODE_RATE_LIMITED,
+    CODE_SIGNUP_CAP,
+    CODE_UPSTREAM_RATE_LIMITED,
+)
+from ..models import CHAT_FIELDS
+
+Schema = dict[str, Any]
+
+# The docs offer search types only on search and the other ten only on chat (spec §1.10);
+# at runtime both routes accept all thirteen.
+CHAT_DOC_SERVICE_TYPES = tuple(st.value for st in ServiceType if st not in SEARCH_SERVICE_TYPES)
+SEARCH_DOC_SERVICE_TYPES = tuple(st.value for st in SEARCH_SERVICE_TYPES)
+
+ERROR_CODES_TEXT = f"""Error codes (`error`):
+* {CODE_BUDGET_EXCEEDED}: budget exceeded (429, `Retry-After: 86400`)
+* {CODE_RATE_LIMITED}: rate limit (TPM/RPM) of the platform (429, `Retry-After: 60`)
+* {CODE_PAYLOAD_TOO_LARGE}: request or context too large (413)
+* {CODE_SIGNUP_CAP}: maximum number of signed-in users reached (403)
+* {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: 60`)
+* {CODE_INVALID_MODEL_NAME}: invalid model name (400)
+* {CODE_INVALID_REQUEST}: invalid request body (400)"""
+
+STREAM_TEXT = """`text/event-stream; charset=utf-8`. The status is always 200; LiteLLM's
+`data: {...}` chunks are relayed byte for byte and end with `data: [DONE]`. A stream that
+fails ends instead with one error frame and no `[DONE]`:
+* `data: {"error": N}`: a classified upstream error (codes above);
+* `data: {"code": S, "error": "Upstream service returned an error"}`: an unclassified
+  upstream error with status S (502 for transport errors, mid-stream failures and an empty
+  upstream stream);
+* `data: {"code": 503, "error": "Server shutting down"}`: the server stopped during the
+  stream (graceful shutdown)."""
+
+_FIELD_SCHEMAS: dict[str, Schema] = {
+    "str": {"type": "string"},
+    "bool": {"type": "boolean"},
+    "int": {"type": "integer"},
+    "float": {"type": "number"},
+    "list": {"type": "array", "items": {}},
+    "dict": {"type": "object"},
+    "str|dict": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+    "str|list[str]": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+}
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: Schema, description: str, **extra: Any) -> Schema:
+    return {"description": description, "content": {"application/json": {"schema": schema}}, **extra}
+
+
+def _header(name: str, description: str, schema: Schema | None = None, *, required: bool = False) -> Schema:
+    return {
+        "name": name,
+        "in": "header",
+        "required": required,
+        "description": description,
+        "schema": schema or {"type": "string"},
+    }
+
+
+_BOOL_HEADER = {"type": "boolean", "default": False}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait (86400 for code 1, 60 for 2 and 5)", "schema": {"type": "integer"}}}
+
+
+def _all_purposes() -> list[str]:
+    seen: list[str] = []
+    for purposes in PURPOSES.values():
+        seen.extend(p for p in purposes if p not in seen)
+    return seen
+
+
+def _proxy_headers(service_types: tuple[str, ...], *, default: str | None) -> list[Schema]:
+    service_type: Schema = {"type": "string", "enum": list(service_types)}
+    if default is not None:
+        service_type["default"] = default
+    purposes = "; ".join(f"`{st.value}`: {', '.join(PURPOSES[st]) or '(none)'}" for st in ServiceType)
+    return [
+        _header(
+            "service-type",
+            "Which product feature the request is for; selects the LiteLLM end user "
+            "(`<uid>:<service-type>`) and its budget tier.",
+            service_type,
+            required=default is None,
+        ),
+        _header(
+            "purpose",
+            "What the request is for, validated per service type (optional unless "
+            f"`MLPA_REQUIRE_PURPOSE_HEADER=true`). Allowed values: {purposes}.",
+            {"type": "string", "enum": _all_purposes()},
+        ),
+        _header(
+            "x-dev-authorization",
+            "The experimentation token; required with the `*-dev` service types on every auth path.",
+        ),
+        _header(
+            "use-app-attest",
+            "Authenticate with an App Attest assertion: `Authorization` carries the assertion "
+            "JWT (see the `AssertionAuth` schema); the signed data is SHA-256 of the raw body.",
+            _BOOL_HEADER,
+        ),
+        _header("use-qa-certificates", "Verify App Attest against the QA root (only if the server allows it).", _BOOL_HEADER),
+        _header(
+            "use-play-integrity",
+            "Authenticate with an MLPA access token from `POST /verify/play` (`Authorization: Bearer <token>`).",
+            _BOOL_HEADER,
+        ),
+        _header("X-Geo-Country", "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
+        _header("session-id", "Client session id (logging only)."),
+    ]
+
+
+def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
+    too_large = _ref("ErrorCode") if bare_413 else _ref("DetailErrorCode")
+    return {
+        "400": _json(
+            {"oneOf": [_ref("DetailErrorCode"), _ref("DetailMessage"), _ref("DetailErrorMessage")]},
+            "Invalid model name (`{\"detail\": {\"error\": 8}}`), invalid request (code 9), a model / "
+            "service-type / purpose mismatch (`{\"detail\": \"...\"}`), or an unclassified upstream 400.",
+        ),
+        "401": _json(_ref("DetailMessage"), "Authentication failed, e.g. `{\"detail\": \"Invalid FxA auth\"}`."),
+        "403": _json(
+            _ref("DetailErrorCodeOrMessage"),
+            "Signup cap reached (`{\"detail\": {\"error\": 4}}`) or user blocked "
+            "(`{\"detail\": {\"error\": \"User is blocked.\"}}`).",
+        ),
+        "413": _json(
+            too_large,
+            "Request body larger than `MAX_REQUEST_SIZE_BYTES` (by Content-Length or bytes read), "
+            + ("answered with the bare `{\"error\": 3}`" if bare_413 else "answered as `{\"detail\": {\"error\": 3}}`")
+            + "; or the context window was exceeded (`{\"detail\": {\"error\": 3}}`).",
+        ),
+        "422": _json(_ref("HTTPValidationError"), "Invalid headers or body."),
+        "429": _json(_ref("DetailErrorCode"), "Budget or rate limit (codes 1, 2, 5).", headers=_RETRY_AFTER),
+        "500": _json(_ref("DetailAny"), "User provisioning failed or an unexpected error."),
+        "502": _json(_ref("DetailErrorMessage"), "LiteLLM could not be reached: `{\"detail\": {\"error\": \"Failed to proxy request\"}}`."),
+    }
+
+
+def _admin_key_responses() -> dict[str, Schema]:
+    return {
+        "401": _json(
+            {"type": "object", "properties": {"detail": {"type": "object", "properties": {"error": {"const": "Unauthorized"}}}}},
+            "Missing or wrong admin key: `{\"detail\": {\"error\": \"Unauthorized\"}}`.",
+        ),
+    }
+
+
+def _user_id_param() -> Schema:
+    return {"name": "user_id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "LiteLLM end-user id, `<uid>:<service-type>`."}
+
+
+def _user_update(description: str, error: str, *, body: Schema | None = None) -> Schema:
+    operation: Schema = {
+        "tags": ["users"],
+        "summary": description,
+        "security": [{"MasterKey": []}],
+        "parameters": [_user_id_param()],
+        "responses": {
+            "200": _json({"type": "object"}, "The updated row."),
+            "404": _json(_ref("DetailMessage"), "`{\"detail\": \"User not found.\"}`"),
+            "500": _json(_ref("DetailErrorMessage"), f"`{{\"detail\": {{\"error\": \"{error}\"}}}}`"),
+            **_admin_key_responses(),
+        },
+    }
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        operation["responses"]["422"] = _json(
+            {"oneOf": [_ref("HTTPValidationError"), _ref("DetailErrorMessage")]}, "Invalid body or unknown service type."
+        )
+    return operation
+
+
+def _chat_operation(summary: str, description: str, headers: list[Schema], *, bare_413: bool) -> Schema:
+    return {
+        "tags": ["completions"],
+        "summary": summary,
+        "description": description + "\n\n" + ERROR_CODES_TEXT,
+        "security": [{"ClientAuth": []}],
+        "parameters": headers,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ChatCompletionRequest")}}},
+        "responses": {
+            "200": {
+                "description": "A completion (`stream: false`) or an SSE stream (`stream: true`).",
+                "content": {
+                    "application/json": {"schema": _ref("ChatCompletion")},
+                    "text/event-stream": {"schema": {"type": "string", "description": STREAM_TEXT}},
+                },
+            },
+            **_proxy_error_responses(bare_413=bare_413),
+        },
+    }
+
+
+def _components() -> Schema:
+    chat_properties = {name: dict(_FIELD_SCHEMAS[kind]) for name, kind in CHAT_FIELDS.items()}
+    chat_properties["model"]["pattern"] = r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$"
+    chat_properties["stream"]["default"] = False
+    chat_properties["messages"]["items"] = {"type": "object"}
+    return {
+        "securitySchemes": {
+            "ClientAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An FxA OAuth access token (scope `profile:uid`); with `use-app-attest: true` an "
+                "App Attest assertion JWT (`AssertionAuth`); with `use-play-integrity: true` an MLPA access token.",
+            },
+            "AttestationAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "bearerFormat": "JWT",
+                "description": "An unsigned JWT envelope carrying an App Attest attestation (`AttestationAuth` schema).",
+            },
+            "MasterKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "master_key",
+                "description": "`Bearer <MASTER_KEY>`; also accepted as header `master-key`.",
+            },
+            "UIAccessKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "mlpa_ui_access_key",
+                "description": "`Bearer <MLPA_UI_ACCESS_KEY>`; also accepted as header `mlpa-ui-access-key`.",
+            },
+        },
+        "schemas": {
+            "ErrorCode": {
+                "type": "object",
+                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9]}},
+                "required": ["error"],
+            },
+            "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},
+            "DetailMessage": {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]},
+            "DetailErrorMessage": {
+                "type": "object",
+                "properties": {"detail": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}},
+                "required": ["detail"],
+            },
+            "DetailErrorCodeOrMessage": {"oneOf": [_ref("DetailErrorCode"), _ref("DetailErrorMessage")]},
+            "DetailAny": {"type": "object", "properties": {"detail": {}}, "required": ["detail"]},
+            "ValidationError": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
+                    "msg": {"type": "string"},
+                    "type": {"type": "string"},
+                },
+                "required": ["loc", "msg", "type"],
+            },
+            "HTTPValidationError": {
+                "type": "object",
+                "properties": {"detail": {"type": "array", "items": _ref("ValidationError")}},
+                "required": ["detail"],
+            },
+            "ChatCompletionRequest": {
+                "type": "object",
+                "description": "OpenAI-style chat request; unknown fields are dropped. `max_tokens` sent "
+                "upstream is `max_completion_tokens`, else `max_tokens`, else the configured default, "
+                "capped at the configured maximum.",
+                "properties": chat_properties,
+                "required": ["model"],
+            },
+            "ChatCompletion": {"type": "object", "description": "LiteLLM's chat completion JSON, unchanged."},
+            "SearchRequest": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": 10},
+                },
+                "required": ["query", "max_results"],
+            },
+            "AttestationAuth": {
+                "type": "object",
+                "description": "Payload of the (unsigned) attestation JWT in `Authorization` of `POST /verify/attest`.",
+                "properties": {k: {"type": "string"} for k in ("key_id_b64", "challenge_b64", "attestation_obj_b64", "bundle_id")},
+                "required": ["key_id_b64", "challenge_b64", "attestation_obj_b64", "bundle_id"],
+            },
+            "AssertionAuth": {
+                "type": "object",
+                "description": "Payload of the (unsigned) assertion JWT in `Authorization` with `use-app-attest: true`. "
+                "Every assertion needs a fresh challenge from `GET /verify/challenge`.",
+                "properties": {k: {"type": "string"} for k in ("key_id_b64", "challenge_b64", "assertion_obj_b64", "bundle_id")},
+                "required": ["key_id_b64", "challenge_b64", "assertion_obj_b64", "bundle_id"],
+            },
+            "Readiness": {
+                "type": "object",
+                "properties": {
+                    "status": {"type": "string", "enum": ["connected", "degraded"]},
+                    "mlpa_version": {"type": "string"},
+                    "pg_server_dbs": {
+                        "type": "object",
+                        "properties": {
+                            name: {"type": "string", "enum": ["connected", "offline"]} for name in ("postgres", "app_attest")
+                        },
+                    },
+                    "litellm": {
+                        "type": "object",
+                        "description": "`litellm_version`, then LiteLLM's own readiness JSON; `status: unreachable` "
+                        "when LiteLLM did not answer 200 with JSON in time.",
+                        "properties": {"litellm_version": {"type": "string"}, "status": {"type": "string"}},
+                    },
+                },
+                "required": ["status", "mlpa_version", "pg_server_dbs", "litellm"],
+            },
+        },
+    }
+
+
+def _paths(*, mock_routes: bool) -> Schema:
+    chat_headers = _proxy_headers(CHAT_DOC_SERVICE_TYPES, default=None)
+    search_headers = _proxy_headers(SEARCH_DOC_SERVICE_TYPES, default=ServiceType.SEARCH.value)
+    text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+    html = {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+    paths: Schema = {
+        "/health/liveness": {
+            "get": {
+                "tags": ["health"],
+                "summary": "Liveness probe (no I/O)",
+                "responses": {"200": _json({"type": "object", "properties": {"status": {"const": "alive"}}}, "Alive")},
+            }
+        },
+        "/health/readiness": {
+            "get": {
+                "tags": ["health"],
+                "summary": "Readiness probe",
+                "description": "Pings the databases and LiteLLM concurrently, each bounded by "
+                "`READINESS_CHECK_TIMEOUT_S`; 503 also once graceful shutdown has begun.",
+                "responses": {
+                    "200": _json(_ref("Readiness"), "Ready (`status: connected`)"),
+                    "503": _json(_ref("Readiness"), "Not ready (`status: degraded`)"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "tags": ["health"],
+                "summary": "Prometheus exposition (aggregated over all workers)",
+                "responses": {"200": {"description": "Prometheus text format 1.0.0", **text}},
+            }
+        },
+        "/verify/challenge": {
+            "get": {
+                "tags": ["app attest"],
+                "summary": "Issue (or re-serve) the App Attest challenge of a key id",
+                "parameters": [
+                    {
+                        "name": "key_id_b64",
+                        "in": "query",
+                        "required": True,
+                        "description": "Standard base64 key id (spaces are read as `+`).",
+                        "schema": {"type": "string", "maxLength": 128},
+                    }
+                ],
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "properties": {"challenge": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+                        "The challenge, 64 lowercase hex characters",
+                    ),
+                    "400": _json(_ref("DetailMessage"), "`Bad Request: missing key_id_b64` / `Bad Request: invalid key_id_b64`"),
+                    "422": _json(_ref("HTTPValidationError"), "`key_id_b64` missing"),
+                },
+            }
+        },
+        "/verify/attest": {
+            "post": {
+                "tags": ["app attest"],
+                "summary": "Register an App Attest key",
+                "security": [{"AttestationAuth": []}],
+                "parameters": [_header("use-qa-certificates", "Verify against the QA root (if allowed).", _BOOL_HEADER)],
+                "responses": {
+                    "201": _json({"type": "object", "properties": {"status": {"const": "success"}}}, "Key stored"),
+                    "400": _json(
+                        {"oneOf": [_ref("DetailMessage"), {"type": "object", "properties": {"detail": {"type": "object"}}}]},
+                        "Invalid key id, or a field that is not base64 (`{\"detail\": {\"challenge_b64\": \"Invalid Base64\"}}`)",
+                    ),
+                    "401": _json(_ref("DetailMessage"), "`Invalid App attest` / `Invalid or expired challenge`"),
+                    "403": _json(_ref("DetailMessage"), "`Attestation verification failed`"),
+                    "422": _json(_ref("HTTPValidationError"), "`Authorization` missing"),
+                    "500": _json(_ref("DetailAny"), "The key could not be stored"),
+                },
+            }
+        },
+        "/verify/play": {
+            "post": {
+                "tags": ["play integrity"],
+                "summary": "Exchange a Play Integrity token for an MLPA access token",
+                "description": "The body is read as JSON whatever the Content-Type.",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "integrity_token": {"type": "string"},
+                                    "user_id": {"type": "string", "description": "Must not contain `:`."},
+                                    "package_name": {"type": "string", "default": "org.mozilla.firefox"},
+                                },
+                                "required": ["integrity_token", "user_id"],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "access_token": {"type": "string"},
+                                "token_type": {"const": "Bearer"},
+                                "expires_in": {"type": "integer"},
+                            },
+                        },
+                        "MLPA access token (HS256 JWT)",
+                    ),
+                    "400": _json(_ref("DetailMessage"), "`Invalid integrity_token` or an invalid `user_id`"),
+                    "401": _json(
+                        {"oneOf": [_ref("DetailMessage"), _ref("DetailErrorMessage")]},
+                        "Verdict rejected, stale, or Google rejected the token",
+                    ),
+                    "403": _json(_ref("DetailMessage"), "`Package name not allowed`"),
+                    "413": _json(_ref("DetailErrorCode"), "Body too large: `{\"detail\": {\"error\": 3}}`"),
+                    "422": _json(_ref("HTTPValidationError"), "Invalid body"),
+                    "500": _json(_ref("DetailAny"), "`Failed to fetch access token`"),
+                    "502": _json(_ref("DetailErrorMessage"), "`Play Integrity validation service unavailable`"),
+                },
+            }
+        },
+        "/user": {
+            "get": {
+                "tags": ["users"],
+                "summary": "List LiteLLM end users",
+                "security": [{"MasterKey": []}],
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}},
+                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0}},
+                ],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "users": {"type": "array", "items": {"type": "object"}},
+                                "total": {"type": "integer"},
+                                "limit": {"type": "integer"},
+                                "offset": {"type": "integer"},
+                            },
+                        },
+                        "A page of users",
+                    ),
+                    "422": _json(_ref("HTTPValidationError"), "Invalid paging"),
+                    "500": _json(_ref("DetailErrorMessage"), "`Error listing users`"),
+                    **_admin_key_responses(),
+                },
+            }
+        },
+        "/user/counts-by-service-type": {
+            "get": {
+                "tags": ["users"],
+                "summary": "Users per service type",
+                "security": [{"UIAccessKey": []}],
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "service_type_counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+                                "total_users": {"type": "integer"},
+                            },
+                        },
+                        "Counts",
+                    ),
+                    "500": _json(_ref("DetailErrorMessage"), "`Error counting users by service type`"),
+                    **_admin_key_responses(),
+                },
+            }
+        },
+        "/user/signup-cap-status": {
+            "get": {
+                "tags": ["users"],
+                "summary": "Signup-capacity state",
+                "security": [{"UIAccessKey": []}],
+                "responses": {
+                    "200": _json({"type": "object"}, "Capacity state (`capacity_row_missing: true` when unseeded)"),
+                    "500": _json(_ref("DetailErrorMessage"), "`Error reading signup cap state`"),
+                    **_admin_key_responses(),
+                },
+            }
+        },
+        "/user/{user_id}": {
+            "get": {
+                "tags": ["users"],
+                "summary": "LiteLLM's record of one end user",
+                "security": [{"MasterKey": []}],
+                "parameters": [_user_id_param()],
+                "responses": {
+                    "200": _json({"type": "object"}, "LiteLLM's `/customer/info` JSON, unchanged"),
+                    "404": _json(_ref("DetailMessage"), "`User not found`"),
+                    "502": _json(_ref("DetailErrorMessage"), "`Error fetching user info`"),
+                    **_admin_key_responses(),
+                },
+            }
+        },
+        "/user/{user_id}/budget": {
+            "post": _user_update(
+                "Move a user to another budget tier",
+                "Error updating user budget",
+                body={
+                    "type": "object",
+                    "properties": {"service_type": {"type": "string", "enum": [st.value for st in ServiceType]}},
+                    "required": ["service_type"],
+                },
+            )
+        },
+        "/user/{user_id}/block": {"post": _user_update("Block a user", "Error updating user")},
+        "/user/{user_id}/unblock": {"post": _user_update("Unblock a user", "Error updating user")},
+        "/v1/chat/completions": {
+            "post": _chat_operation(
+                "Chat completion, proxied to LiteLLM",
+                "Validates, authenticates (FxA, App Attest, Play Integrity token, dev key), provisions "
+                "the LiteLLM end user and relays the completion. With `stream: true` the answer is an "
+                "SSE stream.",
+                chat_headers,
+                bare_413=True,
+            )
+        },
+        "/v1/search": {
+            "post": {
+                "tags": ["search"],
+                "summary": "Web search, proxied to LiteLLM's `exa-search`",
+                "description": "Same authentication as chat; the service type must be a search type.\n\n" + ERROR_CODES_TEXT,
+                "security": [{"ClientAuth": []}],
+                "parameters": search_headers,
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("SearchRequest")}}},
+                "responses": {
+                    "200": _json({"type": "object"}, "LiteLLM's search JSON, unchanged"),
+                    **_proxy_error_responses(bare_413=False),
+                },
+            }
+        },
+        "/admin": {
+            "get": {
+                "tags": ["admin"],
+                "summary": "Read-only admin dashboard (asks for the UI access key)",
+                "responses": {"200": html},
+            }
+        },
+        "/admin/": {
+            "get": {
+                "tags": ["admin"],
+                "summary": "The admin dashboard (same page)",
+                "responses": {"200": html},
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "tags": ["docs"],
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1 document")},
+            }
+        },
+        "/api/docs": {"get": {"tags": ["docs"], "summary": "Swagger UI", "responses": {"200": html}}},
+        "/api/docs/static/{filename}": {
+            "get": {
+                "tags": ["docs"],
+                "summary": "Swagger UI assets (packaged, no CDN)",
+                "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "A static file"}, "404": {"description": "No such file"}},
+            }
+        },
+    }
+    if mock_routes:
+        mock_note = (
+            " Load-testing route, mounted only with `MLPA_MOCK_ROUTES=true`: after `MOCK_TTFT_MS` it "
+            "answers a canned completion, or with `stream: true` three SSE frames (`mock token 1`, "
+            "`mock token 2`, `[DONE]`) `MOCK_STREAMING_CHUNK_LATENCY_MS` apart. LiteLLM is not called."
+        )
+        mock_chat = _chat_operation(
+            "Mock chat completion (full auth and provisioning)",
+            "Validation, authentication and user provisioning exactly as `POST /v1/chat/completions`." + mock_note,
+            chat_headers,
+            bare_413=False,
+        )
+        mock_no_auth = _chat_operation(
+            "Mock chat completion (FxA JWT verified locally)",
+            "Only an FxA JWT access token, verified against the cached FxA JWKS; the user is "
+            "`<uid>:<service-type>` (default `ai`)." + mock_note,
+            [_header("service-type", "Defaults to `ai`.", {"type": "string", "enum": [st.value for st in ServiceType], "default": "ai"})],
+            bare_413=False,
+        )
+        mock_no_auth["responses"]["401"] = _json(
+            _ref("DetailMessage"),
+            "`Invalid authorization header format`, `Invalid token signature` or `JWT verification failed: ...`",
+        )
+        paths["/mock/chat/completions"] = {"post": mock_chat}
+        paths["/mock/chat/completions_no_auth"] = {"post": mock_no_auth}
+    return paths
+
+
+def build_document(*, mock_routes: bool) -> Schema:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "MLPA (LLM Proxy Auth)",
+            "version": __version__,
+            "description": "Authenticating LLM proxy between Firefox clients and LiteLLM.\n\n" + ERROR_CODES_TEXT,
+        },
+        "paths": _paths(mock_routes=mock_routes),
+        "components": _components(),
+    }

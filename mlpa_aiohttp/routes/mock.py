@@ -1,0 +1,113 @@
+"""Load-testing routes (spec §1.7, decision 16), mounted only with `MLPA_MOCK_ROUTES=true`.
+
+They exercise authentication and user provisioning exactly as the chat route does, then
+answer with a canned completion after simulated latency. LiteLLM is never called and no
+completion metrics are written, so load tests cost nothing upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Mapping
+
+import structlog
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+from .. import keys
+from ..auth.dispatch import bearer_token
+from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
+from ..catalog import ServiceType
+from ..errors import AuthRejected, RequestInvalid, UserBlocked, validation_error
+from ..models import ChatRequest, parse_chat_body
+from ..settings import ServerSettings
+from .proxy import authorize_chat
+
+log = structlog.get_logger(__name__)
+
+MOCK_COMPLETION: Mapping[str, Any] = {
+    "choices": [{"message": {"content": "mock completion response"}}],
+    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    "model": "mock",
+}
+MOCK_STREAM_EVENTS: tuple[str, ...] = (
+    json.dumps({"choices": [{"delta": {"content": "mock token 1"}}]}),
+    json.dumps({"choices": [{"delta": {"content": "mock token 2"}}]}),
+    "[DONE]",
+)
+
+INVALID_AUTHORIZATION_FORMAT = "Invalid authorization header format"
+INVALID_TOKEN_SIGNATURE = "Invalid token signature"
+
+
+def setup_mock_routes(app: web.Application) -> None:
+    """Mount `/mock/*` when the settings ask for it (off by default: decision 16)."""
+    if not app[keys.SETTINGS].server.mock_routes:
+        return
+    app.router.add_post("/mock/chat/completions", mock_chat_completions)
+    app.router.add_post("/mock/chat/completions_no_auth", mock_chat_completions_no_auth)
+
+
+async def mock_chat_completions(request: web.Request) -> web.StreamResponse:
+    """The chat route's validation, auth and provisioning, then a canned reply."""
+    chat, principal = await authorize_chat(request)
+    user = await request.app[keys.PROVISIONER].get_or_create(principal.user_id)
+    if user.blocked:
+        raise UserBlocked()
+    return await _canned_reply(request, chat)
+
+
+async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamResponse:
+    """A plain chat body and an FxA JWT verified locally against the cached JWKS; unlike
+    the reference, the user id carries the service type, so provisioning succeeds."""
+    errors: list[dict[str, Any]] = []
+    authorization = request.headers.get("authorization")
+    if authorization is None:
+        errors.append(validation_error(("header", "authorization"), "Field required", "missing"))
+    service_type = ServiceType.AI
+    raw_service_type = request.headers.get("service-type")
+    if raw_service_type is not None:
+        parsed = ServiceType.parse(raw_service_type)
+        if parsed is None:
+            choices = ", ".join(f"'{st.value}'" for st in ServiceType)
+            errors.append(validation_error(("header", "service-type"), f"Input should be one of {choices}", "enum"))
+        else:
+            service_type = parsed
+    chat = parse_chat_body(await request.read(), errors)
+    if errors or authorization is None:
+        raise RequestInvalid(errors)
+
+    # HTTP parsers strip trailing whitespace, so "Bearer " arrives as "Bearer".
+    token = bearer_token(authorization)
+    if not token or authorization.strip() == "Bearer":
+        raise AuthRejected(INVALID_AUTHORIZATION_FORMAT)
+    try:
+        identity = await request.app[keys.AUTHENTICATOR].fxa.verify_jwt(token)
+    except FxASignatureInvalid:
+        raise AuthRejected(INVALID_TOKEN_SIGNATURE) from None
+    except FxAVerificationFailed as exc:
+        raise AuthRejected(f"JWT verification failed: {exc}") from None
+
+    user_id = f"{identity.uid}:{service_type.value}"
+    structlog.contextvars.bind_contextvars(user=user_id, service_type=service_type.value, model=chat.model)
+    user = await request.app[keys.PROVISIONER].get_or_create(user_id)
+    if user.blocked:
+        raise UserBlocked()
+    return await _canned_reply(request, chat)
+
+
+async def _canned_reply(request: web.Request, chat: ChatRequest) -> web.StreamResponse:
+    server: ServerSettings = request.app[keys.SETTINGS].server
+    await asyncio.sleep(server.mock_ttft_ms / 1000)
+    if not chat.stream:
+        return web.json_response(MOCK_COMPLETION)
+    chunk_latency = server.mock_streaming_chunk_latency_ms / 1000
+    response = EventSourceResponse(allow_all_methods=True, sep="\n")
+    response.charset = "utf-8"
+    await response.prepare(request)
+    async with response:
+        for event in MOCK_STREAM_EVENTS:
+            await response.send(event)
+            await asyncio.sleep(chunk_latency)
+    return response

@@ -1,0 +1,240 @@
+"""The production entry under real gunicorn with two aiohttp workers, against loopback fakes
+of LiteLLM and FxA served by this test process: streaming, disconnect propagation,
+metrics aggregated over workers (decision 19) and graceful shutdown (decision 6)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..conftest import TEST_SECRETS, chat_body
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DRAIN_SECONDS = 1
+SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'
+CHAT_PATH = "/v1/chat/completions"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Gunicorn:
+    process: subprocess.Popen
+    base_url: str
+    metrics_dir: Path
+    log_path: Path
+    token: str
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}", "service-type": "ai", "content-type": "application/json"}
+
+
+async def wait_until_live(server: Gunicorn, timeout: float = 20.0) -> int:
+    """Poll liveness until a worker answers; returns how many liveness requests succeeded."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            assert server.process.poll() is None, f"gunicorn exited early:\n{server.output()}"
+            try:
+                async with session.get(f"{server.base_url}/health/liveness") as response:
+                    if response.status == 200:
+                        return 1
+            except aiohttp.ClientConnectionError:
+                pass
+            assert time.monotonic() < deadline, f"gunicorn did not start:\n{server.output()}"
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def gunicorn(fake_litellm_server, fake_fxa_server, tmp_path) -> AsyncIterator[Gunicorn]:
+    (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
+    port = free_port()
+    metrics_dir = tmp_path / "prometheus"
+    log_path = tmp_path / "gunicorn.log"
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
+        **TEST_SECRETS,
+        "PYTHONPATH": str(REPO_ROOT),
+        "PORT": str(port),
+        "GUNICORN_WORKERS": "2",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        "SHUTDOWN_DRAIN_SECONDS": str(DRAIN_SECONDS),
+        "MLPA_STORE": "memory",
+        "LITELLM_API_BASE": str(litellm_server.make_url("")).rstrip("/"),
+        "FXA_BASE_URL": str(fxa_server.make_url("/v1")),
+        "LOG_LEVEL": "INFO",
+    }
+    log_file: IO[bytes] = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    server = Gunicorn(process, f"http://127.0.0.1:{port}", metrics_dir, log_path, fxa.issue_jwt("e2e-user"))
+    try:
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log_file.close()
+
+
+def requests_per_worker(metrics_dir: Path, endpoint: str) -> dict[int, float]:
+    """`mlpa_requests_total{endpoint=...}` as written by each worker process."""
+    per_pid: dict[int, float] = {}
+    for path in metrics_dir.glob("counter_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
+            _, sample_name, labels, _ = json.loads(key)
+            if sample_name == "mlpa_requests_total" and labels.get("endpoint") == endpoint:
+                per_pid[pid] = per_pid.get(pid, 0.0) + value
+    return per_pid
+
+
+def gunicorn_worker_pids(master_pid: int) -> set[int]:
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children")
+    return {int(pid) for pid in children.read_text().split()} if children.exists() else set()
+
+
+async def test_streaming_disconnect_and_metrics_across_workers(gunicorn: Gunicorn, fake_litellm_server) -> None:
+    fake, _ = fake_litellm_server
+    liveness_answered = await wait_until_live(gunicorn)
+
+    # A streaming completion through a real worker.
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{gunicorn.base_url}{CHAT_PATH}", data=json.dumps(chat_body(stream=True)), headers=gunicorn.headers()) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+            body = await response.read()
+    assert body.endswith(b"data: [DONE]\n\n")
+    content = "".join(
+        (json.loads(event[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+        for event in body.decode().split("\n\n")
+        if event.startswith("data: {")
+    )
+    assert content == fake.completion_text()
+
+    # A client that leaves mid-stream: the worker closes the upstream at once.
+    fake.interval, fake.chunks = 0.2, 50
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{gunicorn.base_url}{CHAT_PATH}", data=json.dumps(chat_body(stream=True)), headers=gunicorn.headers())
+        assert b"data: " in await response.content.readany()
+        closed_at = time.monotonic()
+        response.close()
+    record = fake.requests_to(CHAT_PATH)[-1]
+    await asyncio.wait_for(record.disconnected.wait(), 2.0)
+    latency = record.disconnected_at - closed_at
+    assert latency < 0.05, f"upstream closed {latency * 1000:.1f} ms after the client left"
+
+    # Liveness on fresh connections until both workers have served some.
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(400):
+            async with session.get(f"{gunicorn.base_url}/health/liveness") as response:
+                assert response.status == 200
+                liveness_answered += 1
+            if len(requests_per_worker(gunicorn.metrics_dir, "/health/liveness")) == 2:
+                break
+        per_worker = requests_per_worker(gunicorn.metrics_dir, "/health/liveness")
+        assert len(per_worker) == 2, f"only {per_worker} served after {liveness_answered} requests"
+        assert set(per_worker) == gunicorn_worker_pids(gunicorn.process.pid)
+
+        async with session.get(f"{gunicorn.base_url}/metrics") as response:
+            assert response.status == 200
+            exposition = await response.text()
+
+    families = {family.name: family for family in text_string_to_metric_families(exposition)}
+    liveness = [
+        sample.value
+        for sample in families["mlpa_requests"].samples
+        if sample.name == "mlpa_requests_total" and sample.labels["endpoint"] == "/health/liveness"
+    ]
+    assert sum(liveness) == liveness_answered == sum(per_worker.values())
+    availability = {
+        sample.labels["reason"]: sample.value
+        for sample in families["mlpa_chat_availability"].samples
+        if sample.name == "mlpa_chat_availability_total"
+    }
+    assert availability == {"valid_response": 1.0, "client_disconnect": 1.0}
+
+
+async def read_until(response: aiohttp.ClientResponse, marker: bytes, timeout: float) -> bytes:
+    received = b""
+    async with asyncio.timeout(timeout):
+        async for chunk in response.content.iter_any():
+            received += chunk
+            if marker in received:
+                break
+    return received
+
+
+async def test_sigterm_ends_open_streams_cleanly(gunicorn: Gunicorn, fake_litellm_server) -> None:
+    fake, _ = fake_litellm_server
+    await wait_until_live(gunicorn)
+    fake.interval, fake.chunks = 0.3, 200  # a minute of stream: only shutdown can end it
+
+    sessions = [aiohttp.ClientSession() for _ in range(4)]
+    try:
+        responses = [
+            await session.post(f"{gunicorn.base_url}{CHAT_PATH}", data=json.dumps(chat_body(stream=True)), headers=gunicorn.headers())
+            for session in sessions
+        ]
+        for response in responses:
+            assert response.status == 200
+            assert b"data: " in await response.content.readany()
+
+        signalled_at = time.monotonic()
+        gunicorn.process.send_signal(signal.SIGTERM)
+        endings = await asyncio.gather(*(read_until(r, SHUTDOWN_FRAME, timeout=10) for r in responses))
+        for ending in endings:
+            assert ending.endswith(SHUTDOWN_FRAME), ending[-200:]
+        for response in responses:
+            assert await response.content.read() == b"", "the stream did not end after the shutdown frame"
+        frames_after = time.monotonic() - signalled_at
+    finally:
+        for session in sessions:
+            await session.close()
+
+    exit_code = await asyncio.to_thread(gunicorn.process.wait, 15)
+    exited_after = time.monotonic() - signalled_at
+    output = gunicorn.output()
+    assert exit_code == 0, output
+    # Drain budget plus the worker's 1 s heartbeat, well inside graceful_timeout (7 s here).
+    assert frames_after >= DRAIN_SECONDS
+    assert exited_after < 5, f"gunicorn took {exited_after:.1f}s to stop:\n{output}"
+    for sign in ("SIGKILL", "WORKER TIMEOUT", "Traceback"):
+        assert sign not in output, output
+    assert output.count("Worker exiting") == 2, output
+    # Every upstream stream was closed.
+    for record in fake.requests_to(CHAT_PATH):
+        assert record.disconnected.is_set()
