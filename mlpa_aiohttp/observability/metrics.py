@@ -44,6 +44,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "payload_too_large": "excluded",
     "invalid_request": "excluded",
     "client_disconnect": "abort",
+    # Ours: a stream ended by a deploy's drain deadline is not the service failing users.
+    "server_shutdown": "excluded",
 }
 
 _CHAT = ("model", "service_type", "purpose")

@@ -94,7 +94,7 @@ class StreamRelay:
             await self._relay()
         except asyncio.CancelledError:
             if self._handle.stopping:
-                self._outcome.failed()
+                self._outcome.failed("server_shutdown")
             else:
                 self._outcome.aborted()
                 structlog.contextvars.bind_contextvars(client_disconnected=True)
@@ -159,7 +159,7 @@ class StreamRelay:
 
     async def _relay_failure(self, exc: BaseException) -> None:
         if self._handle.stopping:
-            self._outcome.failed()
+            self._outcome.failed("server_shutdown")
             # An upstream read may have ended mid-event: terminate it before our frame.
             prefix = b"\n\n" if self._accountant.has_partial_event else b""
             await self._write(prefix + SHUTDOWN_FRAME)

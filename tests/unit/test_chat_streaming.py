@@ -220,3 +220,15 @@ async def test_streams_that_finish_within_the_drain_budget_complete(make_service
     await response.content.readany()
     await service.app.shutdown()
     assert (await response.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_streams_ended_by_shutdown_are_not_counted_as_failures(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
+    service.litellm.next_scenarios.append("hang_after_headers")
+    response = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await service.app.shutdown()
+    await response.read()
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **labels}) == 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "upstream_error", **labels}) == 0
