@@ -1,0 +1,45 @@
+"""`python -m mlpa_aiohttp migrate`: runs without the service's secrets, is idempotent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import asyncpg
+
+from mlpa_aiohttp.settings import PostgresSettings
+from mlpa_aiohttp.store.pools import Pools
+
+
+def run_migrate(pg: PostgresSettings, database: str) -> subprocess.CompletedProcess[str]:
+    environ = {
+        "PATH": os.environ["PATH"],
+        "DB_HOST": pg.host,
+        "DB_PORT": str(pg.port),
+        "DB_USERNAME": pg.username,
+        "DB_PASSWORD": pg.password,
+        "APP_ATTEST_DB_NAME": database,
+        "MLPA_MAX_SIGNED_IN_USERS": "42",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "mlpa_aiohttp", "migrate"], env=environ, capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_migrate_command_creates_and_upgrades_a_database(pg_settings: PostgresSettings, pools: Pools) -> None:
+    database = "app_attest_cli_test"
+    await pools.litellm.execute(f"DROP DATABASE IF EXISTS {database}")
+    first = run_migrate(pg_settings, database)
+    assert first.returncode == 0, first.stderr
+    assert "applied" in first.stdout and pg_settings.password not in first.stdout + first.stderr
+    second = run_migrate(pg_settings, database)
+    assert second.returncode == 0 and "(0 applied)" in second.stdout
+    conn = await asyncpg.connect(
+        host=pg_settings.host, port=pg_settings.port, user=pg_settings.username,
+        password=pg_settings.password, database=database,
+    )
+    try:
+        assert await conn.fetchval("SELECT max_identities FROM mlpa_user_capacity WHERE id = 1") == 42
+    finally:
+        await conn.close()
