@@ -56,10 +56,11 @@ def build_request(port: int, path: str, token: str, content: str) -> bytes:
 
 
 class Counters:
-    __slots__ = ("open", "events", "bytes", "completed", "errors", "error_samples")
+    __slots__ = ("open", "peak_open", "events", "bytes", "completed", "errors", "error_samples")
 
     def __init__(self) -> None:
         self.open = 0
+        self.peak_open = 0
         self.events = 0
         self.bytes = 0
         self.completed = 0
@@ -74,6 +75,7 @@ class Counters:
     def as_dict(self) -> dict[str, Any]:
         return {
             "open": self.open,
+            "peak_open": self.peak_open,
             "events": self.events,
             "bytes": self.bytes,
             "completed": self.completed,
@@ -140,7 +142,10 @@ class StreamConnection(asyncio.Protocol):
 
     def _mark_open(self) -> None:
         self.is_open = True
-        self.counters.open += 1
+        counters = self.counters
+        counters.open += 1
+        if counters.open > counters.peak_open:
+            counters.peak_open = counters.open
         if not self.opened.done():
             self.opened.set_result(time.monotonic())
 
