@@ -11,6 +11,7 @@ Why not the project's fake LiteLLM for these:
   paces that for a fraction of an aiohttp handler's CPU, leaving the second core to the
   service under test.
 
+Other paths get `{}` (the service creates LiteLLM customers on first sight).
 Events have the fake LiteLLM's shape: a role delta, N content deltas, a finish delta, a usage
 event (`stream_options.include_usage`) and `data: [DONE]`, HTTP/1.1 chunked, keep-alive.
 """
@@ -32,6 +33,7 @@ RESPONSE_HEAD = (
     b"Transfer-Encoding: chunked\r\n"
     b"\r\n"
 )
+SMALL_JSON_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 _PREFIX = '{"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"gpt-oss-120b","choices":'
 
 
@@ -86,13 +88,19 @@ class PacedStream(asyncio.Protocol):
                 length = int(line[15:])
         if len(self.buffer) < end + 4 + length:
             return
+        request_line = self.buffer[: self.buffer.find(b"\r\n")]
         body = self.buffer[end + 4 : end + 4 + length]
         self.buffer = self.buffer[end + 4 + length :]
+        assert self.transport is not None
+        if b" /v1/chat/completions " not in request_line:
+            # The service's other calls (customer creation on first sight of a user): a
+            # small JSON answer, as LiteLLM gives, is all it needs.
+            self.transport.write(SMALL_JSON_RESPONSE)
+            return
         match = STREAM_ID.search(body)
         self.stream_id = int(match.group(1)) if match else -1
         self.sent = 0
         self.finished = False
-        assert self.transport is not None
         self.transport.write(RESPONSE_HEAD)
         self.timer = asyncio.get_running_loop().call_later(self.server.ttft, self._send_role)
 
