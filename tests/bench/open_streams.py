@@ -36,6 +36,7 @@ from typing import Any
 from .procs import Child, Processes, raise_open_file_limit, terminate_on_sigterm
 from .targets import (
     ALL_TARGETS,
+    OPTIONAL_TARGETS,
     PYTHON,
     UPSTREAM_KEY,
     Target,
@@ -481,11 +482,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.open_streams", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", default="0,200,500,1000,2000,5000", help="open-stream counts for the open phase")
-    parser.add_argument("--targets", default=",".join(ALL_TARGETS), help=f"subset of {','.join(ALL_TARGETS)}")
+    parser.add_argument("--targets", default=",".join(ALL_TARGETS), help=f"subset of {','.join(ALL_TARGETS + OPTIONAL_TARGETS)}")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"subset of {','.join(PHASES)}")
     parser.add_argument("--window", type=float, default=15.0, help="CPU measurement window, seconds")
     parser.add_argument("--parts", type=int, default=3, help="sub-windows whose median is reported")
-    parser.add_argument("--open-timeout", type=float, default=90.0, help="longest wait for N streams to open")
+    parser.add_argument("--open-timeout", type=float, default=45.0, help="longest wait for N streams to open")
     parser.add_argument("--idle-n", type=int, default=2000)
     parser.add_argument("--memory-n", type=int, default=5000)
     parser.add_argument("--scale-n", type=int, default=10000)
@@ -502,7 +503,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.targets = [name.strip() for name in args.targets.split(",") if name.strip()]
     args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
     for name in args.targets:
-        if name not in ALL_TARGETS:
+        if name not in ALL_TARGETS + OPTIONAL_TARGETS:
             parser.error(f"unknown target {name!r}")
     for name in args.phases:
         if name not in PHASES:

@@ -7,6 +7,7 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
   fastapi-poll      peer: FastAPI + uvicorn + httpx, polls is_disconnected() every 100 ms
   fastapi-receive   peer: the same, awaits receive() until http.disconnect
   nginx             floor: one worker, proxy_buffering off, keep-alive upstream
+  aiohttp-gunicorn-uvloop  (optional) the service under gunicorn's uvloop aiohttp worker
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ CLIENT_TOKEN = "demo-token"  # the fake FxA's opaque token
 SERVICE_TARGETS = ("aiohttp-gunicorn", "aiohttp-serve")
 PEER_TARGETS = ("fastapi-poll", "fastapi-receive")
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx")
+# Not in the default run (time budget): the service under gunicorn's uvloop worker.
+OPTIONAL_TARGETS = ("aiohttp-gunicorn-uvloop",)
 
 
 @dataclass
@@ -148,11 +151,14 @@ http {{
 
 def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path) -> Target:
     port = free_port()
-    if name == "aiohttp-gunicorn":
+    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-uvloop"):
+        env = _service_env(port, upstream_port, fxa_port)
+        if name.endswith("uvloop"):
+            env["GUNICORN_WORKER_CLASS"] = "uvloop"
         child = procs.start(
             name,
             [PYTHON, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
-            env=_service_env(port, upstream_port, fxa_port),
+            env=env,
             cwd=str(REPO_ROOT),
         )
         token = CLIENT_TOKEN
@@ -181,7 +187,7 @@ def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: i
         child = procs.start(name, [nginx, "-p", str(directory), "-e", str(directory / "error.log"), "-c", str(config)])
         token = CLIENT_TOKEN
     else:
-        raise ValueError(f"unknown target {name!r}; choose from {', '.join(ALL_TARGETS)}")
+        raise ValueError(f"unknown target {name!r}; choose from {', '.join(ALL_TARGETS + OPTIONAL_TARGETS)}")
     wait_for_port(port, timeout=60, process=child.process)
     target = Target(name, port, token, child)
     warm_up(target)
