@@ -14,6 +14,7 @@ Shutdown: `on_shutdown` drains open streams (decision 6) before the contexts unw
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from typing import AsyncIterator
@@ -79,7 +80,12 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     async with open_session(settings.upstream) as session:
         app[keys.HTTP_SESSION] = session
         app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
-        yield
+        watch = asyncio.create_task(app[keys.STREAMS].watch_silence(settings.upstream.streaming_timeout_seconds))
+        try:
+            yield
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
 
 async def _store_context(app: web.Application) -> AsyncIterator[None]:

@@ -73,14 +73,13 @@ class StreamRelay:
         self._response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         self._upstream: aiohttp.ClientResponse | None = None
         self._task = asyncio.current_task()
-        self._handle = OpenStream(self._stop)
-        self._relayed = 0
+        self._handle = OpenStream(self._end)
         self._accountant = StreamAccountant()
 
-    def _stop(self) -> None:
-        """Shutdown: closing the upstream wakes the read loop with a ClientConnectionError,
-        so the stream can end with the shutdown frame; before upstream headers there is
-        nothing to end gracefully, so the handler is cancelled."""
+    def _end(self) -> None:
+        """Shutdown or silence: closing the upstream wakes the read loop with a
+        ClientConnectionError, so the stream can end with a final frame; before upstream
+        headers there is nothing to end gracefully, so the handler is cancelled."""
         if self._upstream is not None:
             self._upstream.close()
         elif self._task is not None:
@@ -105,7 +104,7 @@ class StreamRelay:
         finally:
             self._tracker.discard(self._handle)
             self._metrics.open_streams.dec()
-            self._metrics.relayed_bytes.inc(self._relayed)
+            self._metrics.relayed_bytes.inc(self._handle.relayed)
         return self._response
 
     def _client_gone(self) -> None:
@@ -116,6 +115,7 @@ class StreamRelay:
         try:
             async with self._client.completion(self._body, stream=True) as upstream:
                 self._upstream = upstream
+                self._handle.upstream_open = True
                 if upstream.status >= 300:
                     await self._relay_upstream_error(upstream.status, await read_error_body(upstream))
                     return
@@ -127,7 +127,7 @@ class StreamRelay:
                 return
             await self._relay_failure(exc)
             return
-        if self._relayed == 0:
+        if self._handle.relayed == 0:
             log.error("upstream_empty_stream")
             self._outcome.failed("empty_response")
             await self._write(sse_frame({"code": 502, "error": GENERIC_UPSTREAM_MESSAGE}))
@@ -137,12 +137,12 @@ class StreamRelay:
         await self._response.write_eof()
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
-        write, feed = self._response.write, self._accountant.feed
+        write, feed, handle = self._response.write, self._accountant.feed, self._handle
         async for chunk in upstream.content.iter_any():
-            if self._relayed == 0:
+            if handle.relayed == 0:
                 self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
             await write(chunk)
-            self._relayed += len(chunk)
+            handle.relayed += len(chunk)
             feed(chunk)
 
     async def _relay_upstream_error(self, status: int, text: str) -> None:
@@ -164,13 +164,16 @@ class StreamRelay:
             prefix = b"\n\n" if self._accountant.has_partial_event else b""
             await self._write(prefix + SHUTDOWN_FRAME)
             return
-        log.error(
-            "upstream_stream_failed",
-            error_type=type(exc).__name__,
-            error=str(exc) or repr(exc),
-            relayed_bytes=self._relayed,
-            exc_info=exc,
-        )
+        if self._handle.timed_out:
+            log.error("upstream_stream_failed", error_type="UpstreamSilent", relayed_bytes=self._handle.relayed)
+        else:
+            log.error(
+                "upstream_stream_failed",
+                error_type=type(exc).__name__,
+                error=str(exc) or repr(exc),
+                relayed_bytes=self._handle.relayed,
+                exc_info=exc,
+            )
         self._outcome.failed()
         prefix = b"\n\n" if self._accountant.has_partial_event else b""
         detail = f"{type(exc).__name__}: {exc}" if self._debug else GENERIC_UPSTREAM_MESSAGE

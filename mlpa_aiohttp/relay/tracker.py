@@ -1,8 +1,16 @@
-"""Open streams, so shutdown can drain them and end the rest cleanly (decision 6)."""
+"""Open streams: shutdown drains them and ends the rest cleanly (decision 6), and one
+app-wide watch ends streams whose upstream has gone silent for too long.
+
+Why a watch instead of aiohttp's `sock_read` timeout: `sock_read` re-arms a timer on every
+upstream read, a measurable share of the per-chunk cost. Here the relay only bumps a byte
+counter per read, and one task looks at all streams every few seconds: no per-stream timer,
+and an idle stream still costs nothing between looks.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
 import structlog
@@ -13,18 +21,40 @@ log = structlog.get_logger(__name__)
 _FINAL_FRAME_GRACE_SECONDS = 1.0
 
 
+# How often the silence watch looks, as a share of the timeout (bounded both ways).
+_WATCH_SHARE = 0.1
+_WATCH_MIN_SECONDS = 0.05
+_WATCH_MAX_SECONDS = 5.0
+
+
 class OpenStream:
-    """One relayed stream; `stop()` ends it from outside (shutdown)."""
+    """One relayed stream. The relay counts `relayed` bytes and sets `upstream_open` once
+    LiteLLM's headers arrived; `stop()` (shutdown) and `expire()` (silence) end it from
+    outside through the relay's `end` callback."""
 
-    __slots__ = ("_stop", "stopping")
+    __slots__ = ("_end", "stopping", "timed_out", "relayed", "upstream_open", "_seen", "_quiet_since")
 
-    def __init__(self, stop: Callable[[], None]) -> None:
-        self._stop = stop
+    def __init__(self, end: Callable[[], None]) -> None:
+        self._end = end
         self.stopping = False
+        self.timed_out = False
+        self.relayed = 0
+        self.upstream_open = False
+        self._seen = 0
+        self._quiet_since = time.monotonic()
 
     def stop(self) -> None:
         self.stopping = True
-        self._stop()
+        self._end()
+
+    def expire(self) -> None:
+        self.timed_out = True
+        self._end()
+
+    def silent_for(self, now: float) -> float:
+        if self.relayed != self._seen:
+            self._seen, self._quiet_since = self.relayed, now
+        return now - self._quiet_since
 
 
 class StreamTracker:
@@ -52,6 +82,19 @@ class StreamTracker:
         except asyncio.TimeoutError:
             return False
         return True
+
+    async def watch_silence(self, timeout: float) -> None:
+        """Run until cancelled: end streams whose upstream sent nothing for `timeout`
+        seconds after its headers (before them, the relay's own deadline applies)."""
+        interval = min(max(timeout * _WATCH_SHARE, _WATCH_MIN_SECONDS), _WATCH_MAX_SECONDS)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for stream in list(self._streams):
+                if not stream.upstream_open or stream.timed_out:
+                    continue
+                if stream.silent_for(now) >= timeout:
+                    stream.expire()  # the relay logs it, once, as the stream's failure
 
     async def shutdown(self, drain_seconds: float) -> None:
         """Stop taking streams, let open ones finish within the budget, end the rest."""

@@ -6,6 +6,7 @@ only outbound HTTP pool of the service. No `aiohttp.web` here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -30,7 +31,7 @@ async def _flag_reused_connection(
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     """The shared session: high connector limit (the default 100 silently queues the
     101st stream) and no total timeout (it would cut long streams); `sock_read` bounds
-    silence instead."""
+    silence of non-streaming calls (streams are watched by the stream tracker)."""
     connector = aiohttp.TCPConnector(
         limit=settings.max_connections,
         limit_per_host=0,
@@ -91,11 +92,12 @@ class LiteLLMClient:
             "Authorization": f"Bearer {settings.master_key}",
             "Content-Type": "application/json",
         }
+        # No sock_read on streams: it would re-arm a timer per upstream read. Silence
+        # before the headers is bounded below; after them, by the stream tracker's watch.
         self._stream_timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=settings.connect_timeout_seconds,
-            sock_read=settings.streaming_timeout_seconds,
+            total=None, sock_connect=settings.connect_timeout_seconds, sock_read=None
         )
+        self._stream_headers_deadline = settings.streaming_timeout_seconds
         self._read_timeout = aiohttp.ClientTimeout(
             total=None,
             sock_connect=settings.connect_timeout_seconds,
@@ -117,8 +119,11 @@ class LiteLLMClient:
         Leaving the block releases the response, which closes a half-read upstream
         connection instead of returning it to the pool.
         """
-        timeout = self._stream_timeout if stream else self._read_timeout
-        response = await self._post_with_stale_retry(self._completions_url, body, timeout)
+        if stream:
+            async with asyncio.timeout(self._stream_headers_deadline):
+                response = await self._post_with_stale_retry(self._completions_url, body, self._stream_timeout)
+        else:
+            response = await self._post_with_stale_retry(self._completions_url, body, self._read_timeout)
         try:
             yield response
         finally:

@@ -232,3 +232,24 @@ async def test_streams_ended_by_shutdown_are_not_counted_as_failures(make_servic
     labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **labels}) == 1
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "upstream_error", **labels}) == 0
+
+
+@pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
+async def test_silent_upstream_ends_the_stream_with_an_error_frame(make_service, scenario: str, caplog) -> None:
+    service = await make_service(STREAMING_TIMEOUT_SECONDS="0.3")
+    service.litellm.next_scenarios.append(scenario)
+    started = time.monotonic()
+    response = await service.chat(chat_body(stream=True))
+    body = await response.text()
+    assert body == 'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
+    assert 0.3 <= time.monotonic() - started < 1.5
+    await asyncio.wait_for(service.litellm.requests_to("/v1/chat/completions")[-1].disconnected.wait(), 1.0)
+    assert len([e for e in events(caplog) if e["level"] == "ERROR"]) == 1
+    assert open_streams(service) == 0
+
+
+async def test_slow_but_steady_stream_is_not_cut(make_service) -> None:
+    service = await make_service(STREAMING_TIMEOUT_SECONDS="0.3")
+    service.litellm.interval, service.litellm.chunks = 0.15, 8  # 1.2 s in all, never 0.3 s silent
+    response = await service.chat(chat_body(stream=True))
+    assert (await response.read()).endswith(b"data: [DONE]\n\n")
