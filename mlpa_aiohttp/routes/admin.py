@@ -26,6 +26,7 @@ from aiohttp import web
 from .. import keys
 from ..catalog import ServiceType, service_type_list_text
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault, validation_error
+from ..models import parse_json_object
 from ..store.base import EndUser, StoreUnavailable
 
 MASTER_KEY_HEADERS = ("master_key", "master-key")
@@ -87,25 +88,17 @@ async def _service_type_body(request: web.Request) -> str:
     raw = await request.read()
     if not raw.strip():
         raise RequestInvalid([validation_error(("body",), "Field required", "missing")])
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        position = exc.pos if isinstance(exc, json.JSONDecodeError) else 0
-        raise RequestInvalid([validation_error(("body", position), "JSON decode error", "json_invalid")]) from None
-    if not isinstance(body, dict):
-        raise RequestInvalid(
-            [
-                validation_error(
-                    ("body",), "Input should be a valid dictionary or object to extract fields from", "model_attributes_type"
-                )
-            ]
-        )
-    if "service_type" not in body:
-        raise RequestInvalid([validation_error(("body", "service_type"), "Field required", "missing")])
-    value = body["service_type"]
-    if not isinstance(value, str):
-        raise RequestInvalid([validation_error(("body", "service_type"), "Input should be a valid string", "string_type")])
-    return value
+    errors: list[dict[str, Any]] = []
+    body = parse_json_object(raw, errors)
+    if body is not None:
+        value = body.get("service_type")
+        if value is None:
+            errors.append(validation_error(("body", "service_type"), "Field required", "missing"))
+        elif not isinstance(value, str):
+            errors.append(validation_error(("body", "service_type"), "Input should be a valid string", "string_type"))
+        else:
+            return value
+    raise RequestInvalid(errors)
 
 
 # -- handlers ----------------------------------------------------------------------
@@ -170,19 +163,15 @@ async def user_info(request: web.Request) -> web.Response:
     user_id = request.match_info["user_id"]
     if not user_id.strip():
         raise NotFound("User not found")
-    upstream = request.config_dict[keys.SETTINGS].upstream
-    session = request.config_dict[keys.HTTP_SESSION]
     try:
-        async with session.get(
-            upstream.url("/customer/info"),
-            params={"end_user_id": user_id},
-            headers={"Authorization": f"Bearer {upstream.master_key}"},
-            timeout=aiohttp.ClientTimeout(total=upstream.admin_timeout_seconds),
-        ) as response:
-            if response.status >= 400:
-                raise ApiError({"error": "Error fetching user info"}, status=response.status)
-            data = await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        reply = await request.config_dict[keys.LITELLM].customer_info(user_id)
+    except (aiohttp.ClientError, TimeoutError):
+        raise ServerFault({"error": "Error fetching user info"}) from None
+    if reply.status >= 400:
+        raise ApiError({"error": "Error fetching user info"}, status=reply.status)
+    try:
+        data = json.loads(reply.text)
+    except ValueError:
         raise ServerFault({"error": "Error fetching user info"}) from None
     if not data:
         raise NotFound("User not found")

@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from mlpa_aiohttp import keys
+from mlpa_aiohttp.upstream.litellm import LiteLLMClient
 from mlpa_aiohttp.catalog import ServiceType, service_type_list_text
 from mlpa_aiohttp.routes.admin import setup_admin_routes
 from mlpa_aiohttp.settings import AuthSettings, Settings, SignupCapSettings, UpstreamSettings
@@ -48,6 +49,7 @@ def admin_app(store: UserStore, settings: Settings) -> web.Application:
     async def http_session(app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession() as session:
             app[keys.HTTP_SESSION] = session
+            app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
             yield
 
     app.cleanup_ctx.append(http_session)
