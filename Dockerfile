@@ -8,9 +8,6 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS builder
 
-# Optional extras baked into the image; uvloop lets GUNICORN_WORKER_CLASS=uvloop work
-# without a rebuild.
-ARG EXTRAS=uvloop
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -23,7 +20,7 @@ COPY setup.cfg pyproject.toml ./
 COPY README.md ./
 COPY mlpa_aiohttp ./mlpa_aiohttp
 # Every dependency ships wheels for this platform, so no compiler is needed here either.
-RUN pip install --no-cache-dir "./[${EXTRAS}]"
+RUN pip install --no-cache-dir .
 
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Sequence
 
+import uvloop
 from aiohttp import web
 
 from .app import app_factory, create_app
@@ -37,9 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve()
         if args.command == "demo":
-            return asyncio.run(_demo(args.port))
+            return uvloop.run(_demo(args.port))
         if args.command == "fake-upstream":
-            return asyncio.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
+            return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
         if args.command == "migrate":
             return _migrate()
     except SettingsError as exc:
@@ -54,6 +55,7 @@ def _serve() -> int:
     settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
     web.run_app(
         app_factory(),
+        loop=uvloop.new_event_loop(),
         host="0.0.0.0",
         port=settings.server.port,
         access_log=None,

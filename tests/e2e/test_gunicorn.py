@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRAIN_SECONDS = 1
+WORKERS = 2
 SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'
 CHAT_PATH = "/v1/chat/completions"
 
@@ -53,8 +54,13 @@ class Gunicorn:
 
 
 async def wait_until_live(server: Gunicorn, timeout: float = 20.0) -> int:
-    """Poll liveness until a worker answers; returns how many liveness requests succeeded."""
+    """Wait until every worker has its signal handlers (gunicorn's `post_worker_init`
+    line), then poll liveness until a worker answers."""
     deadline = time.monotonic() + timeout
+    while server.output().count("Worker ready") < WORKERS:
+        assert server.process.poll() is None, f"gunicorn exited early:\n{server.output()}"
+        assert time.monotonic() < deadline, f"gunicorn workers did not get ready:\n{server.output()}"
+        await asyncio.sleep(0.05)
     async with aiohttp.ClientSession() as session:
         while True:
             assert server.process.poll() is None, f"gunicorn exited early:\n{server.output()}"
@@ -79,7 +85,7 @@ async def gunicorn(fake_litellm_server, fake_fxa_server, tmp_path) -> AsyncItera
         **TEST_SECRETS,
         "PYTHONPATH": str(REPO_ROOT),
         "PORT": str(port),
-        "GUNICORN_WORKERS": "2",
+        "GUNICORN_WORKERS": str(WORKERS),
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         "SHUTDOWN_DRAIN_SECONDS": str(DRAIN_SECONDS),
         "MLPA_STORE": "memory",

@@ -201,7 +201,7 @@ def test_gunicorn_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     conf = load_gunicorn_conf(monkeypatch, {})
     assert conf["bind"] == ["0.0.0.0:8080"]
     assert conf["workers"] == 1
-    assert conf["worker_class"] == "aiohttp.GunicornWebWorker"
+    assert conf["worker_class"] == "aiohttp.GunicornUVLoopWebWorker"
     assert conf["keepalive"] == 75
     assert conf["accesslog"] is None
     defaults = Settings()
@@ -216,8 +216,8 @@ def test_gunicorn_accepts_every_setting(monkeypatch: pytest.MonkeyPatch) -> None
     for name in applied:
         config.set(name, conf[name])  # gunicorn's own validators
     assert {"bind", "workers", "worker_class", "keepalive", "graceful_timeout", "timeout",
-            "logconfig_dict", "on_starting", "child_exit", "accesslog"} <= applied
-    assert config.worker_class_str == "aiohttp.GunicornWebWorker"
+            "logconfig_dict", "on_starting", "post_worker_init", "child_exit", "accesslog"} <= applied
+    assert config.worker_class_str == "aiohttp.GunicornUVLoopWebWorker"
 
 
 @pytest.mark.parametrize(
