@@ -77,7 +77,7 @@ async def relay_completion(
 def _usage_of(payload: Any) -> Usage:
     """Token counts and tool calls of a whole (non-streamed) completion."""
     if not isinstance(payload, dict):
-        return Usage(0, 0, 0)
+        return Usage(0, 0)
     usage = payload.get("usage")
     usage = usage if isinstance(usage, dict) else {}
     counts = [usage.get(key) for key in ("prompt_tokens", "completion_tokens")]
@@ -89,7 +89,7 @@ def _usage_of(payload: Any) -> Usage:
     message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
     if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
         accountant.add_tool_calls(message["tool_calls"])
-    return Usage(prompt, completion, accountant.tool_call_count)
+    return Usage(prompt, completion, accountant.tool_names_in_order())
 
 
 async def relay_search(

@@ -21,7 +21,12 @@ from ..upstream.routing import RoutingInfo
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    tool_calls: int
+    # Function names of the completion's tool calls, by call index ("" when unnamed).
+    tool_names: tuple[str, ...] = ()
+
+    @property
+    def tool_calls(self) -> int:
+        return len(self.tool_names)
 
 
 class CompletionOutcome:
@@ -74,6 +79,7 @@ class CompletionOutcome:
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             tool_calls=usage.tool_calls,
+            tool_names=list(usage.tool_names),
             litellm_backend=routing.backend,
             litellm_fallbacks=routing.attempted_fallbacks,
             litellm_retries=routing.attempted_retries,

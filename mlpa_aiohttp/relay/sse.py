@@ -45,6 +45,9 @@ class StreamAccountant:
     def tool_call_count(self) -> int:
         return len(self.tool_names)
 
+    def tool_names_in_order(self) -> tuple[str, ...]:
+        return tuple(self.tool_names[index] for index in sorted(self.tool_names))
+
     def feed(self, chunk: bytes) -> None:
         data = self._pending + chunk if self._pending else chunk
         end = data.rfind(_EVENT_SEPARATOR)

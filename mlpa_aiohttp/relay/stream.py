@@ -133,7 +133,7 @@ class StreamRelay:
             await self._write(sse_frame({"code": 502, "error": GENERIC_UPSTREAM_MESSAGE}))
             return
         acc = self._accountant
-        self._outcome.succeeded(Usage(acc.prompt_tokens, acc.completion_tokens, acc.tool_call_count), routing)
+        self._outcome.succeeded(Usage(acc.prompt_tokens, acc.completion_tokens, acc.tool_names_in_order()), routing)
         await self._response.write_eof()
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:

@@ -253,3 +253,18 @@ async def test_slow_but_steady_stream_is_not_cut(make_service) -> None:
     service.litellm.interval, service.litellm.chunks = 0.15, 8  # 1.2 s in all, never 0.3 s silent
     response = await service.chat(chat_body(stream=True))
     assert (await response.read()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_tool_names_reach_the_log_line_even_when_events_are_split(service: Service, caplog) -> None:
+    response = await service.chat(chat_body(stream=True, scenario="split_event"))
+    await response.read()
+    [line] = events(caplog, "request")
+    assert line["tool_names"] == ["get_weather"]
+    assert line["prompt_tokens"] == service.litellm.prompt_tokens and line["result"] == "success"
+
+
+async def test_json_completion_tool_names_are_logged(service: Service, caplog) -> None:
+    response = await service.chat(chat_body(scenario="tool_calls"))
+    assert response.status == 200
+    [line] = events(caplog, "request")
+    assert line["tool_names"] == ["get_weather", "web_search"] and line["tool_calls"] == 2
