@@ -50,6 +50,12 @@ SHUTDOWN_FRAME = sse_frame({"code": 503, "error": "Server shutting down"})
 class StreamRelay:
     """One streaming completion. `run()` returns the finished response."""
 
+    # One of these lives as long as its stream, thousands at a time.
+    __slots__ = (
+        "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
+        "_response", "_upstream", "_task", "_handle", "_accountant",
+    )
+
     def __init__(
         self,
         request: web.Request,
@@ -95,8 +101,7 @@ class StreamRelay:
             if self._handle.stopping:
                 self._outcome.failed("server_shutdown")
             else:
-                self._outcome.aborted()
-                structlog.contextvars.bind_contextvars(client_disconnected=True)
+                self._client_gone()
             raise
         except ConnectionError:
             # The client's transport closed under a write before connection_lost ran.
