@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import ctypes
 import signal
 import socket
 import subprocess
@@ -151,6 +152,7 @@ class Processes:
                 stderr=log_file,
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log_file.close()  # the child holds its own descriptor
@@ -184,6 +186,20 @@ class Processes:
         # under test logs a storm of upstream errors while shutting down.
         for child in reversed(list(self._children)):
             self.stop(child)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the benchmark itself is killed (SIGKILL, a tool's
+    time limit), the kernel kills the child too, so nothing is left running. Linux only;
+    elsewhere the process-group cleanup above is all there is."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
