@@ -4,8 +4,10 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
 
   aiohttp-gunicorn  the service: gunicorn, config/gunicorn.conf.py, aiohttp worker, 1 worker
   aiohttp-serve     the service: `python -m mlpa_aiohttp serve` (web.run_app, one process)
-  fastapi-poll      peer: FastAPI + uvicorn + httpx, polls is_disconnected() every 100 ms
+  fastapi-poll      peer: FastAPI + uvicorn + httpx with the original's middlewares and
+                    per-chunk inspection (no auth), polls is_disconnected() every 100 ms
   fastapi-receive   peer: the same, awaits receive() until http.disconnect
+  fastapi-receive-bare  peer: the receive() relay alone, without the original's stack
   nginx             floor: one worker, proxy_buffering off, keep-alive upstream
   aiohttp-gunicorn-asyncio (optional) the service under gunicorn's asyncio aiohttp worker
 """
@@ -29,7 +31,8 @@ MASTER_KEY = "sk-test-master"
 CLIENT_TOKEN = "demo-token"  # the fake FxA's opaque token
 
 SERVICE_TARGETS = ("aiohttp-gunicorn", "aiohttp-serve")
-PEER_TARGETS = ("fastapi-poll", "fastapi-receive")
+PEER_TARGETS = ("fastapi-poll", "fastapi-receive", "fastapi-receive-bare")
+PEER_MODULES = {"fastapi-poll": "poll_peer", "fastapi-receive": "receive_peer", "fastapi-receive-bare": "receive_bare_peer"}
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx")
 # Not in the default run (time budget): the service under gunicorn's other worker class
 # (`aiohttp-gunicorn` uses the config's default, uvloop).
@@ -101,7 +104,6 @@ def _service_env(port: int, upstream_port: int, fxa_port: int) -> dict[str, str]
         LOG_LEVEL="warning",
         PORT=str(port),
         GUNICORN_WORKERS="1",
-        GUNICORN_WORKER_CLASS="asyncio",
         # The bench closes its clients before stopping the service; keep shutdown quick.
         SHUTDOWN_DRAIN_SECONDS="1",
     )
@@ -154,8 +156,9 @@ def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: i
     port = free_port()
     if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio"):
         env = _service_env(port, upstream_port, fxa_port)
-        if name.endswith("asyncio"):
-            env["GUNICORN_WORKER_CLASS"] = "asyncio"
+        # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
+        # cannot change what a target name means.
+        env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"
         child = procs.start(
             name,
             [PYTHON, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
@@ -167,7 +170,7 @@ def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: i
         child = procs.start(name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env=_service_env(port, upstream_port, fxa_port))
         token = CLIENT_TOKEN
     elif name in PEER_TARGETS:
-        module = "poll_peer" if name == "fastapi-poll" else "receive_peer"
+        module = PEER_MODULES[name]
         child = procs.start(
             name,
             # asyncio loop (as the service's worker) and the httptools parser (uvicorn's
