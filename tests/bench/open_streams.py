@@ -457,6 +457,10 @@ def verdicts(results: dict[str, Any], service: str) -> list[tuple[str, str, bool
     nginx = get("open", "500", "nginx", "median_percent")
     if ours is not None and receive:
         checks.append(("N=500 CPU ≤ 1/8 of the receive() peer", f"{ours / receive:.3f}", ours / receive <= 1 / 8))
+    bare = get("open", "500", "fastapi-receive-bare", "median_percent")
+    if ours is not None and bare:
+        checks.append(("N=500 CPU ≤ 1/8 of the bare receive() relay (no middlewares, no inspection)",
+                       f"{ours / bare:.3f}", ours / bare <= 1 / 8))
     if ours is not None and nginx:
         checks.append(("N=500 CPU ≤ 2.5× nginx", f"{ours / nginx:.2f}×", ours / nginx <= 2.5))
     idle = get("idle", service, "mean_percent")
