@@ -14,7 +14,7 @@ from aiohttp import web
 from ..errors import GENERIC_UPSTREAM_MESSAGE, UpstreamError, UpstreamRejected
 from ..observability.labels import clamp_purpose, clamp_service_type
 from ..observability.metrics import Metrics
-from ..upstream.bodies import encode_json
+from ..upstream.bodies import UpstreamBody, encode_json
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient
 from ..upstream.routing import RoutingInfo
@@ -48,7 +48,7 @@ def _unclassified(status: int, text: str, *, debug: bool, what: str) -> Upstream
 
 
 async def relay_completion(
-    *, client: LiteLLMClient, body: bytes, outcome: CompletionOutcome, debug: bool
+    *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
 ) -> web.Response:
     try:
         async with client.completion(body, stream=False) as upstream:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from ..errors import GENERIC_UPSTREAM_MESSAGE
 from ..observability.metrics import Metrics
+from ..upstream.bodies import UpstreamBody
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
@@ -61,7 +62,7 @@ class StreamRelay:
         request: web.Request,
         *,
         client: LiteLLMClient,
-        body: bytes,
+        body: UpstreamBody,
         outcome: CompletionOutcome,
         metrics: Metrics,
         tracker: StreamTracker,

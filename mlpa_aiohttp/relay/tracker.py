@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import structlog
 
@@ -66,6 +66,9 @@ class StreamTracker:
 
     def __len__(self) -> int:
         return len(self._streams)
+
+    def __iter__(self) -> Iterator[OpenStream]:
+        return iter(self._streams)
 
     def add(self, stream: OpenStream) -> None:
         self._streams.add(stream)

@@ -4,6 +4,7 @@ relay (spec §1.8, §1.9). Each step short-circuits with a domain error."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
@@ -25,7 +26,8 @@ from ..relay.json_relay import relay_completion, relay_search
 from ..relay.outcome import CompletionOutcome
 from ..relay.stream import StreamRelay
 from ..store.base import EndUser
-from ..upstream.bodies import completion_body, search_body
+from ..upstream.bodies import UpstreamBody, completion_body, search_body
+from .request_body import read_body
 
 
 def _bind_principal(principal: Principal) -> None:
@@ -43,7 +45,7 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     the country metric once the caller is known."""
     app = request.app
     settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
-    raw_body = await request.read()
+    raw_body = await read_body(request)
     headers, chat = parse_chat(raw_body, request.headers)
     service_type = headers.service_type.value
     structlog.contextvars.bind_contextvars(model=chat.model)
@@ -77,10 +79,43 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     return chat, principal
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedCompletion:
+    """What the relay needs of an authorised request; the parsed request is not in it."""
+
+    body: UpstreamBody
+    stream: bool
+    outcome: CompletionOutcome
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     app = request.app
-    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    settings = app[keys.SETTINGS]
+    completion = await _prepare_completion(request, started)
+    client = app[keys.LITELLM]
+    if completion.stream:
+        relay = StreamRelay(
+            request,
+            client=client,
+            body=completion.body,
+            outcome=completion.outcome,
+            metrics=app[keys.METRICS],
+            tracker=app[keys.STREAMS],
+            debug=settings.server.debug,
+            started=started,
+        )
+        return await relay.run()
+    return await relay_completion(
+        client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
+    )
+
+
+async def _prepare_completion(request: web.Request, started: float) -> PreparedCompletion:
+    """Validate, authenticate, provision and build the upstream body. The parsed request
+    ends with this call, so a stream holds no copy of the conversation but the body, and
+    that only until it is sent."""
+    settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
     service_type, purpose = principal.service_type.value, principal.purpose
 
@@ -90,23 +125,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise UserBlocked()
     if chat.has_tools:
         metrics.requests_with_tools.labels(clamp_model(chat.model), service_type, purpose).inc()
-
-    body = completion_body(chat, user=principal.user_id, defaults=settings.completion)
-    outcome = CompletionOutcome(metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started)
-    client = app[keys.LITELLM]
-    if chat.stream:
-        relay = StreamRelay(
-            request,
-            client=client,
-            body=body,
-            outcome=outcome,
-            metrics=metrics,
-            tracker=app[keys.STREAMS],
-            debug=settings.server.debug,
-            started=started,
-        )
-        return await relay.run()
-    return await relay_completion(client=client, body=body, outcome=outcome, debug=settings.server.debug)
+    return PreparedCompletion(
+        body=completion_body(chat, user=principal.user_id, defaults=settings.completion),
+        stream=chat.stream,
+        outcome=CompletionOutcome(
+            metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started
+        ),
+    )
 
 
 async def _provision_for_chat(request: web.Request, principal: Principal, model: str) -> EndUser:
@@ -127,7 +152,7 @@ async def _provision_for_chat(request: web.Request, principal: Principal, model:
 async def search(request: web.Request) -> web.Response:
     app = request.app
     settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
-    raw_body = await request.read()
+    raw_body = await read_body(request)
     headers, query = parse_search(raw_body, request.headers)
     purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
     principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)

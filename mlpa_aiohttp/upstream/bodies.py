@@ -13,7 +13,25 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_SANITIZE_DEPTH = 32
 
 
-def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefaults) -> bytes:
+class UpstreamBody:
+    """A request body for LiteLLM, handed over once.
+
+    A chat body carries the whole conversation, and a stream lives for minutes: once the
+    body is sent, nothing may keep it alive. The sender `take()`s the bytes and the holder
+    is left empty, so no frame or object up the call chain pins them for the stream.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def take(self) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+
+def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefaults) -> UpstreamBody:
     body: dict[str, Any] = dict(request.fields)
     body.setdefault("messages", [])
     body.setdefault("temperature", defaults.temperature)
@@ -27,7 +45,7 @@ def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefa
     if request.stream:
         body["stream_options"] = {"include_usage": True}
     body["user"] = user
-    return encode_json(body)
+    return UpstreamBody(encode_json(body))
 
 
 def search_body(request: SearchRequest, *, user: str, service_type: str, purpose: str) -> bytes:

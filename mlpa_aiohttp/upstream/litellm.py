@@ -15,6 +15,7 @@ import aiohttp
 import structlog
 
 from ..settings import UpstreamSettings
+from .bodies import UpstreamBody
 
 log = structlog.get_logger(__name__)
 
@@ -113,17 +114,18 @@ class LiteLLMClient:
         )
 
     @contextlib.asynccontextmanager
-    async def completion(self, body: bytes, *, stream: bool) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST a completion; yields the response once its headers arrived.
+    async def completion(self, body: UpstreamBody, *, stream: bool) -> AsyncIterator[aiohttp.ClientResponse]:
+        """POST a completion; yields the response once its headers arrived. The body is
+        taken from its holder: the conversation is not kept while the answer streams.
 
         Leaving the block releases the response, which closes a half-read upstream
         connection instead of returning it to the pool.
         """
         if stream:
             async with asyncio.timeout(self._stream_headers_deadline):
-                response = await self._post_with_stale_retry(self._completions_url, body, self._stream_timeout)
+                response = await self._post_with_stale_retry(self._completions_url, body.take(), self._stream_timeout)
         else:
-            response = await self._post_with_stale_retry(self._completions_url, body, self._read_timeout)
+            response = await self._post_with_stale_retry(self._completions_url, body.take(), self._read_timeout)
         try:
             yield response
         finally:

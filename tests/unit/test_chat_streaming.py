@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import tracemalloc
 
 import aiohttp
 import pytest
@@ -89,6 +91,40 @@ async def test_upstream_body_carries_user_and_forced_usage(service: Service) -> 
     assert sent["stream_options"] == {"include_usage": True}
     assert sent["max_tokens"] == 100 and sent["max_completion_tokens"] == 100
     assert "purpose" not in sent and "service_type" not in sent
+
+
+async def test_open_streams_do_not_keep_the_conversation(service: Service) -> None:
+    """A stream lives for minutes; the raw body, the parsed request and the upstream body
+    must all be gone once the upstream request is sent (each would be one more copy of a
+    conversation that can be hundreds of KiB)."""
+    conversation_size, streams = 256 * 1024, 4
+    body = json.dumps(chat_body(stream=True) | {
+        "messages": [{"role": "user", "content": "[fake:hang_after_headers] " + "x" * conversation_size}]
+    })
+    responses = []
+    tracemalloc.start(32)
+    try:
+        for _ in range(streams):
+            responses.append(await service.client.post("/v1/chat/completions", data=body, headers=service.headers()))
+        # Every upstream answered: the bodies were sent.
+        await _wait_for(lambda: sum(stream.upstream_open for stream in service.app[keys.STREAMS]) == streams)
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+        for response in responses:
+            response.close()
+    # Blocks of about the conversation's size, allocated on the service's side (the fake
+    # LiteLLM in this process keeps its own copies, which are not the service's).
+    held = [
+        trace for trace in snapshot.traces
+        if trace.size >= conversation_size // 2
+        and any("/mlpa_aiohttp/" in frame.filename for frame in trace.traceback)
+        and not any("/mlpa_aiohttp/testing/" in frame.filename or "/tests/" in frame.filename
+                    for frame in trace.traceback)
+    ]
+    assert [response.status for response in responses] == [200] * streams
+    assert held == [], [f"{t.size} B at {t.traceback.format(limit=3)}" for t in held]
 
 
 async def _assert_upstream_closed_quickly(service: Service, closed_at: float) -> None:
