@@ -145,9 +145,9 @@ class StreamRelay:
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
         write, feed, handle = self._response.write, self._accountant.feed, self._handle
         async for chunk in upstream.content.iter_any():
-            if handle.relayed == 0:
-                self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
             await write(chunk)
+            if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
+                self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
             handle.relayed += len(chunk)
             feed(chunk)
 

@@ -10,6 +10,7 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
   fastapi-receive-bare  peer: the receive() relay alone, without the original's stack
   nginx             floor: one worker, proxy_buffering off, keep-alive upstream
   aiohttp-gunicorn-asyncio (optional) the service under gunicorn's asyncio aiohttp worker
+  aiohttp-bare      (optional) floor: a bare aiohttp relay, no auth, no accounting
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PEER_MODULES = {"fastapi-poll": "poll_peer", "fastapi-receive": "receive_peer", 
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx")
 # Not in the default run (time budget): the service under gunicorn's other worker class
 # (`aiohttp-gunicorn` uses the config's default, uvloop).
-OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio",)
+OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio", "aiohttp-bare")
 
 
 @dataclass
@@ -168,6 +169,14 @@ def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: i
         token = CLIENT_TOKEN
     elif name == "aiohttp-serve":
         child = procs.start(name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env=_service_env(port, upstream_port, fxa_port))
+        token = CLIENT_TOKEN
+    elif name == "aiohttp-bare":
+        child = procs.start(
+            name,
+            [PYTHON, "-m", "tests.bench.peers.aiohttp_bare", "--port", str(port),
+             "--upstream", f"http://127.0.0.1:{upstream_port}"],
+            env=python_env(),
+        )
         token = CLIENT_TOKEN
     elif name in PEER_TARGETS:
         module = PEER_MODULES[name]
