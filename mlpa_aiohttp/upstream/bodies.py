@@ -24,10 +24,13 @@ class UpstreamBody:
     __slots__ = ("_data",)
 
     def __init__(self, data: bytes) -> None:
-        self._data = data
+        self._data: bytes | None = data
 
     def take(self) -> bytes:
-        data, self._data = self._data, b""
+        if self._data is None:
+            # A second send would post an empty body: a bug, not a retry.
+            raise RuntimeError("the upstream body was already taken")
+        data, self._data = self._data, None
         return data
 
 
