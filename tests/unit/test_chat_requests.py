@@ -334,6 +334,22 @@ async def test_request_too_large_by_content_length(make_service) -> None:
     assert search.status == 413 and await search.json() == {"detail": {"error": 3}}
 
 
+async def test_chunked_body_of_exactly_the_limit_is_accepted(make_service) -> None:
+    """The limit is inclusive, as for Content-Length (spec §5.1: equal is allowed)."""
+    limit = 400
+    service = await make_service(MAX_REQUEST_SIZE_BYTES=str(limit))
+    body = json.dumps(chat_body()).encode()
+    body += b" " * (limit - len(body))  # JSON allows trailing whitespace
+
+    async def chunks():
+        for start in range(0, limit, 64):
+            yield body[start : start + 64]
+
+    response = await service.client.post("/v1/chat/completions", data=chunks(), headers=service.headers())
+    assert response.request_info.headers.get("Transfer-Encoding") == "chunked"
+    assert response.status == 200, await response.text()
+
+
 async def test_request_too_large_when_chunked(make_service) -> None:
     service = await make_service(MAX_REQUEST_SIZE_BYTES="100")
 
