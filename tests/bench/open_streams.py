@@ -6,9 +6,10 @@
 Every server, upstream and load generator is its own process, in its own process group,
 stopped at the end (also on Ctrl-C, SIGTERM or failure). The machine is shared and noisy, so
 everything compared is measured in the same run, interleaved, and reported as ratios. The
-open phase's CPU is over the whole --window (the kernel counts CPU in 10 ms ticks, so a
-relay near 1 % of a core gets only ~15 ticks in 15 s); its --parts sub-windows are printed
-to show the spread. Other phases report the median of the sub-windows.
+open phase's CPU is over the whole --window, from the scheduler's per-thread nanosecond
+count: utime+stime hold the same total in 10 ms ticks, and a relay near 1 % of a core gets
+only ~15 of them in 15 s (they are printed too, with the --parts sub-windows, to show the
+spread). Other phases report the median of the sub-windows of utime+stime.
 
 Phases (--phases, default all):
   open     CPU of each target's process tree with N streams open (30 chunks at 1/s)
@@ -123,6 +124,7 @@ class Window:
 
     cpu_percent: list[float] = field(default_factory=list)  # % of one core, per sub-window
     cpu_seconds: list[float] = field(default_factory=list)
+    runtime_seconds: list[float] = field(default_factory=list)  # the same, in ns resolution
     events: list[int] = field(default_factory=list)
     host_percent: float = 0.0
     seconds: float = 0.0
@@ -137,19 +139,34 @@ class Window:
         return 100.0 * sum(self.cpu_seconds) / self.seconds
 
     @property
+    def runtime_percent(self) -> float:
+        return 100.0 * sum(self.runtime_seconds) / self.seconds
+
+    @property
     def us_per_event(self) -> list[float]:
         return [1e6 * cpu / events for cpu, events in zip(self.cpu_seconds, self.events) if events]
 
 
-def measure_window(cpu: Callable[[], float], window: float, parts: int, loadgen: Loadgen | None = None) -> Window:
+def measure_window(
+    cpu: Callable[[], float],
+    window: float,
+    parts: int,
+    loadgen: Loadgen | None = None,
+    runtime: Callable[[], float] | None = None,
+) -> Window:
     result = Window()
     events_before = loadgen.command("stats")["events"] if loadgen else 0
     started = time.monotonic()
     host_before = host_busy_seconds()
     cpu_before, at = cpu(), started
+    runtime_before = runtime() if runtime else 0.0
     for index in range(parts):
         time.sleep(max(0.0, started + window * (index + 1) / parts - time.monotonic()))
         cpu_now, now = cpu(), time.monotonic()
+        if runtime:
+            runtime_now = runtime()
+            result.runtime_seconds.append(runtime_now - runtime_before)
+            runtime_before = runtime_now
         if loadgen:
             stats = loadgen.command("stats")
             result.events.append(stats["events"] - events_before)
@@ -223,29 +240,31 @@ def phase_open(run: Run) -> None:
                         say(f"  {target.name} N={n}: only {loadgen.opened['open']} opened "
                             f"({loadgen.opened['errors']} errors: {loadgen.opened['error_samples'][:2]})")
                     run.settle()
-                    window = measure_window(target.cpu_seconds, args.window, args.parts, loadgen)
+                    window = measure_window(target.cpu_seconds, args.window, args.parts, loadgen,
+                                            runtime=target.runtime_seconds)
                 finally:
                     if loadgen:
                         loadgen.close()
                 rows[n][target.name] = window
                 opened = loadgen.opened if loadgen else {"seconds": 0.0}
-                say(f"  N={n:>5} {target.name:<17} cpu {window.mean_percent:6.2f} % "
-                    f"(sub-windows {', '.join(f'{p:.1f}' for p in window.cpu_percent)}; host {window.host_percent:.0f} %; "
+                say(f"  N={n:>5} {target.name:<17} cpu {window.runtime_percent:6.2f} % "
+                    f"(utime+stime {window.mean_percent:.2f} %, sub-windows {', '.join(f'{p:.1f}' for p in window.cpu_percent)}; "
+                    f"host {window.host_percent:.0f} %; "
                     f"open at end {window.open_at_end if window.open_at_end is not None else 0}/{n}; "
                     f"opened in {opened['seconds']:.1f} s)")
                 time.sleep(1.0)  # let the closed streams' teardown finish outside the next window
     names = [target for target in args.targets]
     say(f"\nCPU, % of one core over {args.window:.0f} s:")
-    say(table(["N", *names], [[n, *(f"{rows[n][name].mean_percent:.2f}" for name in names)] for n in args.n]))
+    say(table(["N", *names], [[n, *(f"{rows[n][name].runtime_percent:.2f}" for name in names)] for n in args.n]))
     ours = [name for name in names if name.startswith("aiohttp")]
     theirs = [name for name in names if not name.startswith("aiohttp")]
     if ours and theirs:
         header = ["N", *(f"{o} / {t}" for o in ours for t in theirs)]
         say("\nRatios (ours / peer):")
-        say(table(header, [[n, *(ratio(rows[n][o].mean_percent, rows[n][t].mean_percent) for o in ours for t in theirs)]
+        say(table(header, [[n, *(ratio(rows[n][o].runtime_percent, rows[n][t].runtime_percent) for o in ours for t in theirs)]
                            for n in args.n]))
     run.results["open"] = {
-        str(n): {name: {"percent": w.mean_percent, "median_percent": w.median_percent, "sub_windows": w.cpu_percent, "host_percent": w.host_percent,
+        str(n): {name: {"percent": w.runtime_percent, "ticks_percent": w.mean_percent, "sub_windows": w.cpu_percent, "host_percent": w.host_percent,
                         "open_at_end": w.open_at_end} for name, w in rows[n].items()}
         for n in args.n
     }

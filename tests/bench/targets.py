@@ -23,7 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .procs import Child, Processes, free_port, tree_cpu_seconds, tree_rss_bytes, wait_for_port
+from .procs import (
+    Child,
+    Processes,
+    free_port,
+    tree_cpu_seconds,
+    tree_rss_bytes,
+    tree_runtime_seconds,
+    wait_for_port,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -49,6 +57,9 @@ class Target:
 
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.child.pid)
+
+    def runtime_seconds(self) -> float:
+        return tree_runtime_seconds(self.child.pid)
 
     def rss_bytes(self) -> int:
         return tree_rss_bytes(self.child.pid)
