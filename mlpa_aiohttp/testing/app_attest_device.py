@@ -31,9 +31,12 @@ from mlpa_aiohttp.auth.app_attest_crypto import (
 
 # The envelope JWT's signature is ignored by the server; any key will do.
 _ENVELOPE_SIGNING_KEY = "app-attest-envelope-test-key-not-checked"
-# WebAuthn flags: user present (UP) and, for attestations, attested credential data (AT).
-_FLAGS_ASSERTION = 0x01
-_FLAGS_ATTESTATION = 0x41
+# WebAuthn flags as real devices set them: attested credential data (AT), nothing else,
+# in attestations and assertions alike (every real vector in shared/data/appattest-vectors).
+_FLAGS_ATTESTATION = 0x40
+_FLAGS_ASSERTION = 0x40
+# What Apple's 2026 sample carries after the credential key (with the ED flag still clear).
+APPLE_2026_EXTENSIONS = cbor2.dumps({"apple_bundle_version_01": "1", "apple_validation_category_01": b"\x01\x00\x00\x00"})
 
 
 def _sha256(data: bytes) -> bytes:
@@ -219,8 +222,15 @@ class TestDevice:
         leaf_digital_signature: bool = True,
         nonce_extension_der: bytes | None = None,
         omit_nonce_extension: bool = False,
+        extensions: bytes = b"",
+        raw_client_data_hash: bool = False,
     ) -> bytes:
         """A CBOR attestation object for `challenge`, optionally with one defect.
+
+        By default the app hashes the challenge (clientDataHash = SHA-256(challenge)), as
+        the reference's clients do; `raw_client_data_hash` passes the challenge bytes as
+        the clientDataHash, as Apple's samples do. `extensions` is appended to authData
+        after the COSE key, as Apple's 2026 sample does.
 
         `wrong_key_id` puts a credential id other than the key id into authData (the
         certificate still certifies the right key); `certified_public_key` makes the
@@ -251,8 +261,10 @@ class TestDevice:
             + len(credential_id).to_bytes(2, "big")
             + credential_id
             + cose_key
+            + extensions
         )
-        nonce = _sha256(auth_data + _sha256(challenge))
+        client_data_hash = challenge if raw_client_data_hash else _sha256(challenge)
+        nonce = _sha256(auth_data + client_data_hash)
         if wrong_nonce:
             nonce = _sha256(nonce)
         ca = TestAttestationCA(name="Foreign", now=now) if foreign_ca else self.ca

@@ -32,7 +32,12 @@ from mlpa_aiohttp.auth.envelope import (
     decode_envelope,
     is_plausible_key_id,
 )
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA, TestDevice, encode_nonce_extension
+from mlpa_aiohttp.testing.app_attest_device import (
+    APPLE_2026_EXTENSIONS,
+    TestAttestationCA,
+    TestDevice,
+    encode_nonce_extension,
+)
 
 TEAM_ID = "TEAM123456"
 BUNDLE_ID = "org.mozilla.ios.Firefox"
@@ -67,7 +72,7 @@ def attest(
 ):
     return verify_attestation(
         attestation_object=attestation_object,
-        challenge=challenge,
+        client_data_hash=hashlib.sha256(challenge).digest(),
         key_id=device.key_id if key_id is None else key_id,
         app_id=app_id or device.app_id,
         production=production,
@@ -130,7 +135,7 @@ def test_test_ca_attestation_rejected_under_apple_root(device: TestDevice) -> No
     with pytest.raises(AttestationInvalid) as caught:
         verify_attestation(
             attestation_object=device.attest(CHALLENGE),
-            challenge=CHALLENGE,
+            client_data_hash=hashlib.sha256(CHALLENGE).digest(),
             key_id=device.key_id,
             app_id=device.app_id,
             production=False,
@@ -248,19 +253,6 @@ def _nonce_for(device: TestDevice, attestation_object: bytes) -> bytes:
     return hashlib.sha256(auth_data + hashlib.sha256(CHALLENGE).digest()).digest()
 
 
-def test_nonce_extension_with_long_form_lengths_accepted(device: TestDevice) -> None:
-    nonce = _nonce_for(device, device.attest(CHALLENGE))
-    long_form = b"\x30\x81\x25" + b"\xa1\x81\x22" + b"\x04\x20" + nonce
-    # authData is deterministic for a device, so the nonce computed above still applies.
-    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=long_form)).counter == 0
-
-
-def test_nonce_extension_other_elements_skipped(device: TestDevice) -> None:
-    nonce = _nonce_for(device, device.attest(CHALLENGE))
-    with_extra = b"\x30\x29" + b"\xa0\x03\x02\x01\x01" + b"\xa1\x22\x04\x20" + nonce
-    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=with_extra)).counter == 0
-
-
 @pytest.mark.parametrize(
     "make_extension",
     [
@@ -274,11 +266,21 @@ def test_nonce_extension_other_elements_skipped(device: TestDevice) -> None:
         lambda n: b"\x1f\x81\x00",  # multi-byte tag
         lambda n: b"\x30\x80" + n,  # indefinite length
         lambda n: b"\x30\x85\x00\x00\x00\x00\x24",  # five length octets
+        # Not DER (a BER long form where the short form fits): certificates carry DER only.
+        lambda n: b"\x30\x81\x25" + b"\xa1\x81\x22" + b"\x04\x20" + n,
+        # Apple's sequence holds the one [1] element; anything else is not Apple's format.
+        lambda n: b"\x30\x29" + b"\xa0\x03\x02\x01\x01" + b"\xa1\x22\x04\x20" + n,
+        lambda n: b"\x30\x24\xa1\x22\x04\x20" + n[::-1],  # well formed, another nonce
     ],
-    ids=["set", "trailing", "bit-string", "two-in-tag", "tag-2", "truncated", "short", "high-tag", "indefinite", "long-length"],
+    ids=[
+        "set", "trailing", "bit-string", "two-in-tag", "tag-2", "truncated", "short", "high-tag", "indefinite",
+        "long-length", "ber-long-form", "extra-element", "other-nonce",
+    ],
 )
 def test_malformed_nonce_extension_rejected(device: TestDevice, make_extension) -> None:
     nonce = _nonce_for(device, device.attest(CHALLENGE))
+    # authData is deterministic for a device, so the nonce computed above still applies.
+    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=encode_nonce_extension(nonce))).counter == 0
     with pytest.raises(AttestationInvalid) as caught:
         attest(device, device.attest(CHALLENGE, nonce_extension_der=make_extension(nonce)))
     assert caught.value.reason == "nonce_mismatch"
@@ -561,3 +563,34 @@ def test_base64_accepts_both_alphabets_and_missing_padding(text: str, expected: 
 def test_base64_rejects_garbage_and_wrong_padding(text: str) -> None:
     with pytest.raises(Base64Invalid):
         decode_base64(text)
+
+
+# ------------------------------------------------- Apple's formulation (client_data_hash)
+
+
+def test_apples_formulation_raw_challenge_as_client_data_hash(device: TestDevice) -> None:
+    """Apple's samples hand the challenge bytes themselves to the device as clientDataHash."""
+    attestation = device.attest(CHALLENGE, raw_client_data_hash=True)
+    attested = verify_attestation(
+        attestation_object=attestation,
+        client_data_hash=CHALLENGE,
+        key_id=device.key_id,
+        app_id=device.app_id,
+        production=False,
+        root=device.ca.root,
+        now=NOW,
+    )
+    assert attested.public_key_pem == device.public_key_pem
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, attestation)  # the request path's SHA-256(challenge) is another hash
+    assert caught.value.reason == "nonce_mismatch"
+
+
+@pytest.mark.parametrize("flags", [0x40, 0xC0, 0x41, 0x45], ids=["at", "at-ed", "at-up", "at-up-uv"])
+def test_extension_bytes_after_the_key_are_accepted_whatever_the_flags(device: TestDevice, flags: int) -> None:
+    """Apple's 2026 sample: CBOR extensions after the COSE key, ED flag clear."""
+    plain = cbor2.loads(device.attest(CHALLENGE))["authData"]
+    auth_data = plain[:32] + bytes([flags]) + plain[33:] + APPLE_2026_EXTENSIONS
+    attested = attest(device, device.attest(CHALLENGE, auth_data=auth_data))
+    assert attested.public_key_pem == device.public_key_pem
+    assert attest(device, device.attest(CHALLENGE, extensions=APPLE_2026_EXTENSIONS)).counter == 0
