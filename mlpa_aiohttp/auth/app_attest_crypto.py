@@ -136,7 +136,7 @@ def verify_attestation(
         raise AttestationInvalid("key_id_mismatch")
 
     parsed = _parse_attested_auth_data(auth_data)
-    if not hmac.compare_digest(parsed.rp_id_hash, sha256(app_id.encode("utf-8"))):
+    if not _is_rp_id_hash_of(app_id, parsed.rp_id_hash):
         raise AttestationInvalid("rp_id_mismatch")
     if parsed.counter != 0:
         raise AttestationInvalid("counter_not_zero")
@@ -303,6 +303,17 @@ def _p256_point(public_key: Any) -> bytes:
     return public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
 
 
+def _is_rp_id_hash_of(app_id: str, rp_id_hash: bytes) -> bool:
+    """Whether authData names `app_id`. The app id's bundle part comes from the request and
+    may hold lone surrogates (valid JSON escapes): no real app id has them, so they match
+    nothing rather than failing to encode."""
+    try:
+        expected = sha256(app_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(rp_id_hash, expected)
+
+
 def _as_utc(now: datetime) -> datetime:
     return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
 
@@ -350,7 +361,7 @@ def verify_assertion(
 
     # Apple's step 5. The reference skipped it; we check it so an assertion is only
     # accepted for the app id named in the request.
-    if not hmac.compare_digest(authenticator_data[:_RP_ID_HASH_END], sha256(app_id.encode("utf-8"))):
+    if not _is_rp_id_hash_of(app_id, authenticator_data[:_RP_ID_HASH_END]):
         raise AssertionInvalid("rp_id_mismatch")
     counter = int.from_bytes(authenticator_data[_FLAGS_END:_COUNTER_END], "big")
     if counter <= stored_counter:

@@ -35,6 +35,10 @@ _ENVELOPE_SIGNING_KEY = "app-attest-envelope-test-key-not-checked"
 # in attestations and assertions alike (every real vector in shared/data/appattest-vectors).
 _FLAGS_ATTESTATION = 0x40
 _FLAGS_ASSERTION = 0x40
+# Apple's receipts (a CMS blob for Apple's fraud-metric service, ignored by the server) are
+# 3.7-4.0 KB in every real attestation; a realistic size keeps the Authorization header as
+# large as a real device's (about 10.7 KB once base64'd into the JWT envelope).
+REALISTIC_RECEIPT = b"\x30\x82\x0f\x9c" + bytes(3996)
 # What Apple's 2026 sample carries after the credential key (with the ED flag still clear).
 APPLE_2026_EXTENSIONS = cbor2.dumps({"apple_bundle_version_01": "1", "apple_validation_category_01": b"\x01\x00\x00\x00"})
 
@@ -224,6 +228,7 @@ class TestDevice:
         omit_nonce_extension: bool = False,
         extensions: bytes = b"",
         raw_client_data_hash: bool = False,
+        receipt: bytes = REALISTIC_RECEIPT,
     ) -> bytes:
         """A CBOR attestation object for `challenge`, optionally with one defect.
 
@@ -284,8 +289,7 @@ class TestDevice:
                         credential_certificate.public_bytes(serialization.Encoding.DER),
                         ca.intermediate.public_bytes(serialization.Encoding.DER),
                     ],
-                    # Apple's receipt (for its fraud-metric service); the server ignores it.
-                    "receipt": b"test receipt",
+                    "receipt": receipt,
                 },
                 "authData": auth_data,
             }

@@ -594,3 +594,13 @@ def test_extension_bytes_after_the_key_are_accepted_whatever_the_flags(device: T
     attested = attest(device, device.attest(CHALLENGE, auth_data=auth_data))
     assert attested.public_key_pem == device.public_key_pem
     assert attest(device, device.attest(CHALLENGE, extensions=APPLE_2026_EXTENSIONS)).counter == 0
+
+
+def test_app_id_with_a_lone_surrogate_matches_nothing(device: TestDevice) -> None:
+    """A JSON `bundle_id` may carry "\\ud800"; it cannot be UTF-8, so it names no app."""
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, device.attest(CHALLENGE), app_id=device.app_id + "\ud800")
+    assert caught.value.reason == "rp_id_mismatch"
+    with pytest.raises(AssertionInvalid) as caught_assertion:
+        assert_body(device, device.assertion(BODY, 1), app_id=device.app_id + "\ud800")
+    assert caught_assertion.value.reason == "rp_id_mismatch"
