@@ -9,7 +9,7 @@ vector is right.
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import cbor2
 import pytest
@@ -304,6 +304,62 @@ def test_receipt_is_not_part_of_the_verdict() -> None:
         return with_part_flipped(vector, receipt, len(receipt) // 2)
 
     assert set(_rejections(mutate).values()) == {"accepted"}
+
+
+# ------------------------------------------ real authData, re-certified by the test CA
+#
+# Apple's signature makes every authData change a nonce mismatch first. To show that each
+# field's own check reads Apple's real bytes right, the test CA certifies the changed
+# authData (for the real leaf's public key), so the checks behind the nonce run.
+
+RECERTIFY_NOW = datetime.now(timezone.utc)
+RECERTIFYING_CA = TestAttestationCA(now=RECERTIFY_NOW)
+
+
+def recertified(vector: RealAttestation, auth_data: bytes) -> bytes:
+    nonce = hashlib.sha256(auth_data + vector.client_data_hash).digest()
+    leaf = RECERTIFYING_CA.issue_credential_certificate(leaf_of(vector).public_key(), nonce, now=RECERTIFY_NOW)
+    x5c = [certificate.public_bytes(serialization.Encoding.DER) for certificate in (leaf, RECERTIFYING_CA.intermediate)]
+    return cbor2.dumps({"fmt": "apple-appattest", "attStmt": {"x5c": x5c, "receipt": b""}, "authData": auth_data})
+
+
+def _y_coordinate_end(auth_data: bytes) -> int:
+    credential_end = 55 + int.from_bytes(auth_data[53:55], "big")
+    y = cbor2.loads(auth_data[credential_end : credential_end + 77])[-3]
+    return auth_data.index(y, credential_end) + len(y)
+
+
+RECERTIFIED_CHANGES = {
+    "rp_id_hash": (lambda auth_data: 0, "rp_id_mismatch"),
+    "counter": (lambda auth_data: 36, "counter_not_zero"),
+    "aaguid": (lambda auth_data: 37, "aaguid_mismatch"),
+    "credential_id_length": (lambda auth_data: 53, "malformed"),
+    "credential_id": (lambda auth_data: 55, "key_id_mismatch"),
+    "cose_key_y": (lambda auth_data: _y_coordinate_end(auth_data) - 1, "public_key_invalid"),
+    # Flags have no check of their own: real devices set AT alone, Apple's 2026 sample
+    # has extensions with ED clear. Under Apple's signature the nonce binds them.
+    "flags": (lambda auth_data: 32, "accepted"),
+}
+
+
+@pytest.mark.parametrize("field", RECERTIFIED_CHANGES)
+def test_each_auth_data_field_check_reads_apples_bytes(field: str) -> None:
+    offset_of, expected = RECERTIFIED_CHANGES[field]
+    reasons = {}
+    for vector in VECTORS:
+        auth_data = decoded(vector)["authData"]
+        assert reason_of(vector, recertified(vector, auth_data), root=RECERTIFYING_CA.root, now=RECERTIFY_NOW) == "accepted"
+        changed = flipped(auth_data, offset_of(auth_data))
+        reasons[vector.name] = reason_of(vector, recertified(vector, changed), root=RECERTIFYING_CA.root, now=RECERTIFY_NOW)
+    assert set(reasons.values()) == {expected}, reasons
+
+
+def test_apples_2026_extension_bytes_are_not_read() -> None:
+    vector = next(vector for vector in VECTORS if vector.name == "apple-guide-2026")
+    auth_data = decoded(vector)["authData"]
+    for offset in (164, 200, 225):  # inside the 62 bytes after the COSE key
+        changed = flipped(auth_data, offset)
+        assert reason_of(vector, recertified(vector, changed), root=RECERTIFYING_CA.root, now=RECERTIFY_NOW) == "accepted"
 
 
 # ---------------------------------------------------------------- assertion mutations
