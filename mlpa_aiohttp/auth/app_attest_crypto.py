@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ObjectIdentifier
+from cryptography.x509.oid import ExtensionOID, ObjectIdentifier
 
 NONCE_EXTENSION_OID = ObjectIdentifier("1.2.840.113635.100.8.2")
 ATTESTATION_FORMAT = "apple-appattest"
@@ -52,6 +52,8 @@ _P256_COORDINATE_LENGTH = 32
 
 # Apple sends [credential certificate, intermediate]; a little slack costs nothing.
 _MAX_CHAIN_LENGTH = 4
+# The critical extensions the chain check acts on; any other critical one is refused.
+_HANDLED_CRITICAL = frozenset({ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE})
 
 _ROOT_RESOURCE = "Apple_App_Attestation_Root_CA.pem"
 
@@ -115,8 +117,8 @@ def verify_attestation(
 
     `client_data_hash` is what the app passed to `attestKey(_:clientDataHash:)`: Apple's
     own samples pass the raw challenge bytes, the reference's clients SHA-256(challenge).
-    The checks run in Apple's order, authenticity first: any change to authData shows as
-    `nonce_mismatch`, before its fields are read.
+    Authenticity comes first: any change to authData shows as `nonce_mismatch`, before
+    its fields are read.
     """
     statement = _decode_attestation_object(attestation_object)
     chain = _load_chain(statement["x5c"])
@@ -195,18 +197,20 @@ def _load_chain(x5c: list[bytes]) -> list[x509.Certificate]:
 
 
 def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: datetime) -> None:
-    """Each certificate is signed by the next, the last by `root`; all valid at `now`.
-
-    Done by hand rather than with `cryptography.x509.verification`: its Web PKI profile
-    requires SANs / extended key usages that Apple's attestation certificates lack.
+    """Each certificate is signed by the next, the last by `root`; all valid at `now`;
+    each issuer a CA allowed to issue this deep; no critical extension left unhandled
+    (RFC 5280 §4.2: Apple's chains mark only basic constraints and key usage critical).
     """
     issuers = chain[1:] + [root]
-    for certificate, issuer in zip(chain, issuers):
+    for depth, (certificate, issuer) in enumerate(zip(chain, issuers)):
         try:
             certificate.verify_directly_issued_by(issuer)
         except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise AttestationInvalid("chain_invalid") from exc
-        if issuer is not root and not _is_ca(issuer):
+        # `depth` intermediates stand between this issuer and the leaf.
+        if issuer is not root and not _may_issue(issuer, intermediates_below=depth):
+            raise AttestationInvalid("chain_invalid")
+        if any(extension.critical and extension.oid not in _HANDLED_CRITICAL for extension in certificate.extensions):
             raise AttestationInvalid("chain_invalid")
     for certificate in chain + [root]:
         if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
@@ -219,11 +223,18 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
         raise AttestationInvalid("chain_invalid")
 
 
-def _is_ca(certificate: x509.Certificate) -> bool:
+def _may_issue(certificate: x509.Certificate, *, intermediates_below: int) -> bool:
+    extensions = certificate.extensions
     try:
-        return bool(certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+        constraints = extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
         return False
+    if not constraints.ca or (constraints.path_length is not None and constraints.path_length < intermediates_below):
+        return False
+    try:
+        return extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+    except x509.ExtensionNotFound:
+        return True
 
 
 def _nonce_extension_value(certificate: x509.Certificate) -> bytes:

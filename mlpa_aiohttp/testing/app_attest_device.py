@@ -20,6 +20,7 @@ import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 from mlpa_aiohttp.auth.app_attest_crypto import (
@@ -74,6 +75,7 @@ class TestAttestationCA:
         name: str = "Test App Attestation",
         now: datetime | None = None,
         intermediate_is_ca: bool = True,
+        intermediate_signs_certificates: bool = True,
     ) -> None:
         issued = now or datetime.now(timezone.utc)
         self._root_key = ec.generate_private_key(ec.SECP384R1())
@@ -103,7 +105,7 @@ class TestAttestationCA:
                 x509.BasicConstraints(ca=intermediate_is_ca, path_length=0 if intermediate_is_ca else None),
                 critical=True,
             )
-            .add_extension(_ca_key_usage(), critical=True)
+            .add_extension(_ca_key_usage(key_cert_sign=intermediate_signs_certificates), critical=True)
             .sign(self._root_key, hashes.SHA384())
         )
 
@@ -113,7 +115,7 @@ class TestAttestationCA:
 
     def issue_credential_certificate(
         self,
-        public_key: ec.EllipticCurvePublicKey,
+        public_key: CertificatePublicKeyTypes,
         nonce: bytes,
         *,
         now: datetime | None = None,
@@ -121,10 +123,13 @@ class TestAttestationCA:
         digital_signature: bool = True,
         nonce_extension_der: bytes | None = None,
         omit_nonce_extension: bool = False,
+        omit_key_usage: bool = False,
+        extra_extensions: tuple[tuple[x509.ExtensionType, bool], ...] = (),
     ) -> x509.Certificate:
         """The leaf Apple issues per attestation: the device key plus the certified nonce.
 
-        `nonce_extension_der` replaces the extension's DER value verbatim (parser tests).
+        `nonce_extension_der` replaces the extension's DER value verbatim (parser tests);
+        `public_key` may be of any type, `extra_extensions` are (value, critical) pairs.
         """
         issued = now or datetime.now(timezone.utc)
         builder = (
@@ -135,7 +140,11 @@ class TestAttestationCA:
             .serial_number(x509.random_serial_number())
             .not_valid_before(issued - timedelta(minutes=5))
             .not_valid_after(issued + lifetime)
-            .add_extension(
+        )
+        for extension, critical in extra_extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        if not omit_key_usage:
+            builder = builder.add_extension(
                 x509.KeyUsage(
                     digital_signature=digital_signature,
                     content_commitment=False,
@@ -149,7 +158,6 @@ class TestAttestationCA:
                 ),
                 critical=True,
             )
-        )
         if not omit_nonce_extension:
             extension_der = encode_nonce_extension(nonce) if nonce_extension_der is None else nonce_extension_der
             builder = builder.add_extension(
@@ -158,14 +166,14 @@ class TestAttestationCA:
         return builder.sign(self._intermediate_key, hashes.SHA256())
 
 
-def _ca_key_usage() -> x509.KeyUsage:
+def _ca_key_usage(*, key_cert_sign: bool = True) -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=False,
         content_commitment=False,
         key_encipherment=False,
         data_encipherment=False,
         key_agreement=False,
-        key_cert_sign=True,
+        key_cert_sign=key_cert_sign,
         crl_sign=True,
         encipher_only=False,
         decipher_only=False,

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 import cbor2
 import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from mlpa_aiohttp.auth.app_attest_crypto import (
@@ -212,6 +213,75 @@ def test_intermediate_without_ca_flag_rejected() -> None:
 def test_leaf_without_digital_signature_usage_rejected(device: TestDevice) -> None:
     with pytest.raises(AttestationInvalid) as caught:
         attest(device, device.attest(CHALLENGE, leaf_digital_signature=False))
+    assert caught.value.reason == "chain_invalid"
+
+
+def test_intermediate_without_certificate_signing_usage_rejected() -> None:
+    device = TestDevice(TestAttestationCA(intermediate_signs_certificates=False), TEAM_ID, BUNDLE_ID)
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, device.attest(CHALLENGE))
+    assert caught.value.reason == "chain_invalid"
+
+
+_PRIVATE_EXTENSION = x509.ObjectIdentifier("1.3.6.1.4.1.55555.1")
+
+
+@pytest.mark.parametrize(("critical", "reason"), [(False, "accepted"), (True, "chain_invalid")])
+def test_unknown_leaf_extension_is_refused_only_when_critical(device: TestDevice, critical: bool, reason: str) -> None:
+    """RFC 5280 §4.2: a critical extension the verifier does not act on voids the chain."""
+    decoded = cbor2.loads(device.attest(CHALLENGE))
+    nonce = hashlib.sha256(decoded["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
+    extension = x509.UnrecognizedExtension(_PRIVATE_EXTENSION, b"\x05\x00")
+    leaf = device.ca.issue_credential_certificate(
+        device._private_key.public_key(), nonce, extra_extensions=((extension, critical),)
+    )
+    decoded["attStmt"]["x5c"][0] = leaf.public_bytes(serialization.Encoding.DER)
+    try:
+        verdict = attest(device, cbor2.dumps(decoded)).counter == 0 and "accepted"
+    except AttestationInvalid as rejected:
+        verdict = rejected.reason
+    assert verdict == reason
+
+
+def _sub_ca_chain(device: TestDevice, nonce: bytes) -> list[bytes]:
+    """[leaf, sub-CA, intermediate]: one CA more than the intermediate's path length 0 allows."""
+    sub_key = ec.generate_private_key(ec.SECP256R1())
+    sub_name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "Sub CA")])
+    valid_from, valid_to = NOW - timedelta(days=1), NOW + timedelta(days=1)
+    sub = (
+        x509.CertificateBuilder()
+        .subject_name(sub_name)
+        .issuer_name(device.ca.intermediate.subject)
+        .public_key(sub_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_to)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(device.ca._intermediate_key, hashes.SHA256())
+    )
+    leaf_template = device.ca.issue_credential_certificate(device._private_key.public_key(), nonce, now=NOW)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(leaf_template.subject)
+        .issuer_name(sub_name)
+        .public_key(device._private_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_to)
+    )
+    for extension in leaf_template.extensions:
+        builder = builder.add_extension(extension.value, critical=extension.critical)
+    leaf = builder.sign(sub_key, hashes.SHA256())
+    return [c.public_bytes(serialization.Encoding.DER) for c in (leaf, sub, device.ca.intermediate)]
+
+
+def test_chain_longer_than_the_intermediates_path_length_rejected(device: TestDevice) -> None:
+    decoded = cbor2.loads(device.attest(CHALLENGE))
+    nonce = hashlib.sha256(decoded["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
+    assert device.ca.intermediate.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    decoded["attStmt"]["x5c"] = _sub_ca_chain(device, nonce)
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, cbor2.dumps(decoded))
     assert caught.value.reason == "chain_invalid"
 
 

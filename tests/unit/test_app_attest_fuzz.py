@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Annotated
 
 import cbor2
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,6 +51,8 @@ CA = TestAttestationCA(now=NOW)
 DEVICE = TestDevice(CA, TEAM_ID, BUNDLE_ID)
 GENUINE_ATTESTATION = DEVICE.attest(CHALLENGE)
 GENUINE_ASSERTION = DEVICE.assertion(b"{}", 1)
+NONCE = hashlib.sha256(cbor2.loads(GENUINE_ATTESTATION)["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
+GENUINE_EXTENSION = encode_nonce_extension(NONCE)
 _FOLDER = vectors_dir()
 REAL = load_vectors(_FOLDER) if _FOLDER else []
 SEED_ATTESTATIONS = [GENUINE_ATTESTATION] + [vector.attestation_object for vector in REAL]
@@ -251,13 +255,70 @@ def test_certified_hostile_auth_data_gets_a_typed_verdict(auth_data: bytes) -> N
         assert auth_data[32 + 1 : 32 + 5] == bytes(4)
 
 
+# Keys a certificate can carry: the device's own, another P-256 key, and types and curves
+# App Attest never uses (generated once: RSA key generation is slow).
+CERTIFIABLE_KEYS = {
+    "device": DEVICE._private_key.public_key(),
+    "other-p256": ec.generate_private_key(ec.SECP256R1()).public_key(),
+    "p384": ec.generate_private_key(ec.SECP384R1()).public_key(),
+    "secp256k1": ec.generate_private_key(ec.SECP256K1()).public_key(),
+    "ed25519": ed25519.Ed25519PrivateKey.generate().public_key(),
+    "rsa": rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key(),
+}
+extra_extensions = st.lists(
+    st.tuples(
+        st.builds(
+            x509.UnrecognizedExtension,
+            st.integers(1, 10**6).map(lambda arc: x509.ObjectIdentifier(f"1.3.6.1.4.1.55555.{arc}")),
+            st.binary(max_size=40),
+        ),
+        st.booleans(),
+    ),
+    max_size=3,
+    unique_by=lambda pair: pair[0].oid,
+)
+
+
+@budget(60)
+@given(
+    key_name=st.sampled_from(sorted(CERTIFIABLE_KEYS)),
+    digital_signature=st.booleans(),
+    omit_key_usage=st.booleans(),
+    extensions=extra_extensions,
+    issued_hours_from_now=st.integers(-100, 24),
+)
+def test_certified_hostile_leaf_certificates_get_a_typed_verdict(
+    key_name: str, digital_signature: bool, omit_key_usage: bool, extensions: list, issued_hours_from_now: int
+) -> None:
+    """Leaves the CA really signed, with wrong key types, missing or wrong key usage,
+    unknown (even critical) extensions and any validity: the checks behind the chain."""
+    leaf = CA.issue_credential_certificate(
+        CERTIFIABLE_KEYS[key_name],
+        NONCE,
+        now=NOW + timedelta(hours=issued_hours_from_now),
+        lifetime=timedelta(days=3),
+        digital_signature=digital_signature,
+        omit_key_usage=omit_key_usage,
+        extra_extensions=tuple(extensions),
+    )
+    x5c = [certificate.public_bytes(serialization.Encoding.DER) for certificate in (leaf, CA.intermediate)]
+    document = {**_genuine_parts(), "attStmt": {"x5c": x5c, "receipt": b""}}
+    verdict = attestation_verdict(cbor2.dumps(document))
+    if any(critical for _, critical in extensions):
+        assert verdict == "chain_invalid"  # RFC 5280: an unhandled critical extension
+        return
+    valid_leaf = digital_signature and not omit_key_usage and -72 <= issued_hours_from_now <= 0
+    if key_name == "device" and valid_leaf:
+        assert verdict == "accepted"
+    else:
+        assert verdict in ATTESTATION_REASONS
+
+
 @st.composite
 def nonce_extension_values(draw: st.DrawFn, genuine: bytes) -> bytes:
     return draw(st.one_of(st.just(genuine), mutated([genuine]), st.binary(max_size=64), cbor_documents))
 
 
-NONCE = hashlib.sha256(_genuine_parts()["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
-GENUINE_EXTENSION = encode_nonce_extension(NONCE)
 
 
 @budget(120)
