@@ -20,7 +20,6 @@ waiting to happen), and the median time per call.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import time
@@ -164,7 +163,7 @@ def mutations(count: int, rng: random.Random) -> list[bytes]:
             elif operation == 1:
                 del data[position:]
             elif operation == 2:
-                data[position:position] = os.urandom(rng.randint(1, 4))
+                data[position:position] = rng.randbytes(rng.randint(1, 4))
             else:
                 data[position : position + rng.randint(1, 8)] = b""
         found.append(bytes(data))
