@@ -200,6 +200,10 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
     """Each certificate is signed by the next, the last by `root`; all valid at `now`;
     each issuer a CA allowed to issue this deep; no critical extension left unhandled
     (RFC 5280 §4.2: Apple's chains mark only basic constraints and key usage critical).
+
+    cryptography >= 45's `x509.verification` with custom extension policies also accepts
+    all real Apple chains (docs/app-attest-verification.md); it is not used yet because
+    the QA root's profile is untested against its CA policy.
     """
     issuers = chain[1:] + [root]
     for depth, (certificate, issuer) in enumerate(zip(chain, issuers)):
