@@ -197,3 +197,20 @@ async def test_a_real_size_attestation_envelope_reaches_the_verifier(service: Se
     assert len(token) > 8190
     response = await service.client.post("/verify/attest", headers={"authorization": f"Bearer {token}"})
     assert (response.status, await response.json()) == (201, {"status": "success"})
+
+
+async def test_the_route_keeps_the_references_client_data_hash(service: Service, ca: TestAttestationCA) -> None:
+    """The core takes any clientDataHash; the route derives SHA-256(challenge), as the
+    reference does, so an attestation over the raw challenge (Apple's samples) is refused."""
+    device = TestDevice(ca, TEAM, BUNDLE)
+    for raw_client_data_hash, expected in ((True, 403), (False, 201)):
+        challenge = await challenge_for(service, device.key_id_b64)
+        attestation = device.attest(challenge.encode(), raw_client_data_hash=raw_client_data_hash)
+        authorization = envelope(
+            key_id_b64=device.key_id_b64,
+            challenge_b64=b64(challenge.encode()),
+            attestation_obj_b64=b64(attestation),
+            bundle_id=BUNDLE,
+        )
+        response = await service.client.post("/verify/attest", headers={"authorization": authorization})
+        assert response.status == expected, raw_client_data_hash
