@@ -33,7 +33,7 @@ if _FOLDER is None:
 
 VECTORS = load_vectors(_FOLDER)
 ROOT = production_root()
-# authData field boundaries: rpIdHash, flags, counter, aaguid, credential id length, id.
+# authData field boundaries before the variable-length credential id (tested separately).
 FIELDS = {"rp_id_hash": (0, 32), "flags": (32, 33), "counter": (33, 37), "aaguid": (37, 53), "credential_id_length": (53, 55)}
 
 
