@@ -51,6 +51,9 @@ from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
 
 
+MAX_HEADER_FIELD_BYTES = 32 * 1024
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
         middlewares=[request_context, error_mapping],
@@ -61,6 +64,10 @@ def create_app(settings: Settings) -> web.Application:
         handler_args={
             "handler_cancellation": True,
             "keepalive_timeout": settings.server.keepalive_timeout_seconds,
+            # A real App Attest attestation travels in `Authorization` as a JWT of about
+            # 10.7 KB; aiohttp's default 8190-byte field limit turned every real device's
+            # attestation into a 400 before it reached the verifier.
+            "max_field_size": MAX_HEADER_FIELD_BYTES,
         },
     )
     app[keys.SETTINGS] = settings

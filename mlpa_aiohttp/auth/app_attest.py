@@ -142,7 +142,9 @@ class AppAttest:
         await self._consume_challenge(key_id_b64, claims["challenge_b64"])
         attestation_object = _decode(claims["attestation_obj_b64"], "attestation_obj_b64")
         key_id = _decode(key_id_b64, "key_id_b64")
-        challenge = decode_base64(claims["challenge_b64"])
+        # The reference's clients attest over SHA-256(challenge bytes), not the raw bytes
+        # Apple's samples use; the request path keeps the reference's derivation.
+        client_data_hash = sha256(decode_base64(claims["challenge_b64"]))
         app_id = self._app_id(claims["bundle_id"])
         root = self._roots.select(use_qa)
         started = time.monotonic()
@@ -151,7 +153,7 @@ class AppAttest:
             attested = await asyncio.to_thread(
                 verify_attestation,
                 attestation_object=attestation_object,
-                challenge=challenge,
+                client_data_hash=client_data_hash,
                 key_id=key_id,
                 app_id=app_id,
                 production=self._settings.production,

@@ -3,7 +3,12 @@
 Follows Apple's "Validating apps that connect to your server" (summarised in spec §2.5).
 Everything here is pure: bytes, keys, certificates and a clock value in, a verdict out.
 Each defect raises `AttestationInvalid` / `AssertionInvalid` carrying a short machine
-reason suitable for a metric label or a log field (never a secret).
+reason suitable for a metric label or a log field (never a secret); no other exception
+escapes for any input bytes (the property tests in tests/unit/test_app_attest_fuzz.py).
+
+Both checks take the `clientDataHash` the app handed to the device, as Apple's guide
+formulates them; how a request derives it (SHA-256 of the challenge, or of the body) is
+the caller's business (auth/app_attest.py).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ObjectIdentifier
+from cryptography.x509.oid import ExtensionOID, ObjectIdentifier
 
 NONCE_EXTENSION_OID = ObjectIdentifier("1.2.840.113635.100.8.2")
 ATTESTATION_FORMAT = "apple-appattest"
@@ -35,6 +40,11 @@ _COUNTER_END = 37
 _AAGUID_END = 53
 _CREDENTIAL_ID_LENGTH_END = 55
 
+# The nonce extension's value is DER: SEQUENCE { [1] EXPLICIT OCTET STRING (32 bytes) }.
+# DER has exactly one encoding per value, so the certified value must be these six bytes
+# followed by the nonce we compute; comparing the whole value leaves nothing to parse.
+_NONCE_EXTENSION_PREFIX = bytes.fromhex("3024" "a122" "0420")
+
 # COSE_Key labels and the only values App Attest uses (RFC 9053: EC2, ES256, P-256).
 _COSE_KTY, _COSE_ALG, _COSE_CRV, _COSE_X, _COSE_Y = 1, 3, -1, -2, -3
 _COSE_KTY_EC2, _COSE_ALG_ES256, _COSE_CRV_P256 = 2, -7, 1
@@ -42,6 +52,8 @@ _P256_COORDINATE_LENGTH = 32
 
 # Apple sends [credential certificate, intermediate]; a little slack costs nothing.
 _MAX_CHAIN_LENGTH = 4
+# The critical extensions the chain check acts on; any other critical one is refused.
+_HANDLED_CRITICAL = frozenset({ExtensionOID.BASIC_CONSTRAINTS, ExtensionOID.KEY_USAGE})
 
 _ROOT_RESOURCE = "Apple_App_Attestation_Root_CA.pem"
 
@@ -94,24 +106,30 @@ def sha256(data: bytes) -> bytes:
 def verify_attestation(
     *,
     attestation_object: bytes,
-    challenge: bytes,
+    client_data_hash: bytes,
     key_id: bytes,
     app_id: str,
     production: bool,
     root: x509.Certificate,
     now: datetime,
 ) -> AttestedKey:
-    """Run Apple's attestation checks, in Apple's order; return the key to store."""
+    """Run Apple's attestation checks, in Apple's order; return the key to store.
+
+    `client_data_hash` is what the app passed to `attestKey(_:clientDataHash:)`: Apple's
+    own samples pass the raw challenge bytes, the reference's clients SHA-256(challenge).
+    Authenticity comes first: any change to authData shows as `nonce_mismatch`, before
+    its fields are read.
+    """
     statement = _decode_attestation_object(attestation_object)
     chain = _load_chain(statement["x5c"])
     _verify_chain(chain, root, _as_utc(now))
     credential_certificate = chain[0]
     auth_data: bytes = statement["authData"]
 
-    # Steps 2-4: nonce = SHA-256(authData ‖ SHA-256(challenge)) must be the value Apple
+    # Steps 2-4: nonce = SHA-256(authData ‖ clientDataHash) must be the value Apple
     # certified in the credential certificate; this binds authData and the challenge.
-    nonce = sha256(auth_data + sha256(challenge))
-    if not hmac.compare_digest(nonce, _certified_nonce(credential_certificate)):
+    nonce = sha256(auth_data + client_data_hash)
+    if not hmac.compare_digest(_NONCE_EXTENSION_PREFIX + nonce, _nonce_extension_value(credential_certificate)):
         raise AttestationInvalid("nonce_mismatch")
 
     # Step 5: the key id the app reports is the hash of the certified public key.
@@ -120,7 +138,7 @@ def verify_attestation(
         raise AttestationInvalid("key_id_mismatch")
 
     parsed = _parse_attested_auth_data(auth_data)
-    if not hmac.compare_digest(parsed.rp_id_hash, sha256(app_id.encode("utf-8"))):
+    if not _is_rp_id_hash_of(app_id, parsed.rp_id_hash):
         raise AttestationInvalid("rp_id_mismatch")
     if parsed.counter != 0:
         raise AttestationInvalid("counter_not_zero")
@@ -179,18 +197,24 @@ def _load_chain(x5c: list[bytes]) -> list[x509.Certificate]:
 
 
 def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: datetime) -> None:
-    """Each certificate is signed by the next, the last by `root`; all valid at `now`.
+    """Each certificate is signed by the next, the last by `root`; all valid at `now`;
+    each issuer a CA allowed to issue this deep; no critical extension left unhandled
+    (RFC 5280 §4.2: Apple's chains mark only basic constraints and key usage critical).
 
-    Done by hand rather than with `cryptography.x509.verification`: its Web PKI profile
-    requires SANs / extended key usages that Apple's attestation certificates lack.
+    cryptography >= 45's `x509.verification` with custom extension policies also accepts
+    all real Apple chains (docs/app-attest-verification.md); it is not used yet because
+    the QA root's profile is untested against its CA policy.
     """
     issuers = chain[1:] + [root]
-    for certificate, issuer in zip(chain, issuers):
+    for depth, (certificate, issuer) in enumerate(zip(chain, issuers)):
         try:
             certificate.verify_directly_issued_by(issuer)
         except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise AttestationInvalid("chain_invalid") from exc
-        if issuer is not root and not _is_ca(issuer):
+        # `depth` intermediates stand between this issuer and the leaf.
+        if issuer is not root and not _may_issue(issuer, intermediates_below=depth):
+            raise AttestationInvalid("chain_invalid")
+        if any(extension.critical and extension.oid not in _HANDLED_CRITICAL for extension in certificate.extensions):
             raise AttestationInvalid("chain_invalid")
     for certificate in chain + [root]:
         if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
@@ -203,57 +227,30 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
         raise AttestationInvalid("chain_invalid")
 
 
-def _is_ca(certificate: x509.Certificate) -> bool:
+def _may_issue(certificate: x509.Certificate, *, intermediates_below: int) -> bool:
+    extensions = certificate.extensions
     try:
-        return bool(certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+        constraints = extensions.get_extension_for_class(x509.BasicConstraints).value
     except x509.ExtensionNotFound:
         return False
+    if not constraints.ca or (constraints.path_length is not None and constraints.path_length < intermediates_below):
+        return False
+    try:
+        return extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign
+    except x509.ExtensionNotFound:
+        return True
 
 
-def _certified_nonce(certificate: x509.Certificate) -> bytes:
-    """Read Apple's nonce extension: SEQUENCE { [1] EXPLICIT OCTET STRING }."""
+def _nonce_extension_value(certificate: x509.Certificate) -> bytes:
+    """The raw DER value of Apple's nonce extension (an extension cryptography does not
+    know, so it hands over the bytes untouched)."""
     try:
         extension = certificate.extensions.get_extension_for_oid(NONCE_EXTENSION_OID).value
     except x509.ExtensionNotFound as exc:
         raise AttestationInvalid("nonce_mismatch") from exc
     if not isinstance(extension, x509.UnrecognizedExtension):
         raise AttestationInvalid("nonce_mismatch")
-    try:
-        tag, sequence, rest = _read_der(extension.value)
-        if tag != 0x30 or rest:
-            raise ValueError("not a single SEQUENCE")
-        while sequence:
-            tag, content, sequence = _read_der(sequence)
-            if tag == 0xA1:
-                inner_tag, octets, trailing = _read_der(content)
-                if inner_tag != 0x04 or trailing:
-                    raise ValueError("[1] does not hold exactly one OCTET STRING")
-                return octets
-    except ValueError as exc:
-        raise AttestationInvalid("nonce_mismatch") from exc
-    raise AttestationInvalid("nonce_mismatch")
-
-
-def _read_der(data: bytes) -> tuple[int, bytes, bytes]:
-    """Split one DER TLV (single-byte tag, definite length) off `data`: (tag, value, rest)."""
-    if len(data) < 2:
-        raise ValueError("truncated TLV")
-    tag, first_length_byte = data[0], data[1]
-    if tag & 0x1F == 0x1F:
-        raise ValueError("multi-byte tags are not used here")
-    offset = 2
-    if first_length_byte < 0x80:
-        length = first_length_byte
-    else:
-        length_octets = first_length_byte & 0x7F
-        if length_octets == 0 or length_octets > 4 or len(data) < offset + length_octets:
-            raise ValueError("unsupported length")
-        length = int.from_bytes(data[offset : offset + length_octets], "big")
-        offset += length_octets
-    end = offset + length
-    if end > len(data):
-        raise ValueError("truncated value")
-    return tag, data[offset:end], data[end:]
+    return extension.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +263,13 @@ class _AttestedAuthData:
 
 
 def _parse_attested_auth_data(auth_data: bytes) -> _AttestedAuthData:
+    """rpIdHash(32) flags(1) counter(4) aaguid(16) idLength(2) credentialId COSE_Key [rest].
+
+    Flags are not read: real devices set AT (0x40) and nothing else, and Apple's 2026
+    sample carries CBOR extensions after the key without setting ED (0x80). The nonce has
+    already bound every byte to Apple's signature, so whatever follows the key is Apple's
+    and is ignored.
+    """
     if len(auth_data) < _CREDENTIAL_ID_LENGTH_END:
         raise AttestationInvalid("malformed")
     credential_id_length = int.from_bytes(auth_data[_AAGUID_END:_CREDENTIAL_ID_LENGTH_END], "big")
@@ -273,7 +277,7 @@ def _parse_attested_auth_data(auth_data: bytes) -> _AttestedAuthData:
     if len(auth_data) <= credential_id_end:
         raise AttestationInvalid("malformed")
     try:
-        # Only the first CBOR item is the key; WebAuthn extension data may follow it.
+        # Only the first CBOR item is the key; extension data may follow it.
         cose_key = cbor2.CBORDecoder(io.BytesIO(auth_data[credential_id_end:])).decode()
     except (cbor2.CBORDecodeError, ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise AttestationInvalid("malformed") from exc
@@ -312,6 +316,17 @@ def _p256_point(public_key: Any) -> bytes:
     if not isinstance(public_key, ec.EllipticCurvePublicKey) or not isinstance(public_key.curve, ec.SECP256R1):
         raise AttestationInvalid("public_key_invalid")
     return public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+
+
+def _is_rp_id_hash_of(app_id: str, rp_id_hash: bytes) -> bool:
+    """Whether authData names `app_id`. The app id's bundle part comes from the request and
+    may hold lone surrogates (valid JSON escapes): no real app id has them, so they match
+    nothing rather than failing to encode."""
+    try:
+        expected = sha256(app_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(rp_id_hash, expected)
 
 
 def _as_utc(now: datetime) -> datetime:
@@ -361,7 +376,7 @@ def verify_assertion(
 
     # Apple's step 5. The reference skipped it; we check it so an assertion is only
     # accepted for the app id named in the request.
-    if not hmac.compare_digest(authenticator_data[:_RP_ID_HASH_END], sha256(app_id.encode("utf-8"))):
+    if not _is_rp_id_hash_of(app_id, authenticator_data[:_RP_ID_HASH_END]):
         raise AssertionInvalid("rp_id_mismatch")
     counter = int.from_bytes(authenticator_data[_FLAGS_END:_COUNTER_END], "big")
     if counter <= stored_counter:

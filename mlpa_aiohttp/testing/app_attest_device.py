@@ -20,6 +20,7 @@ import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 from mlpa_aiohttp.auth.app_attest_crypto import (
@@ -31,9 +32,16 @@ from mlpa_aiohttp.auth.app_attest_crypto import (
 
 # The envelope JWT's signature is ignored by the server; any key will do.
 _ENVELOPE_SIGNING_KEY = "app-attest-envelope-test-key-not-checked"
-# WebAuthn flags: user present (UP) and, for attestations, attested credential data (AT).
-_FLAGS_ASSERTION = 0x01
-_FLAGS_ATTESTATION = 0x41
+# WebAuthn flags as real devices set them: attested credential data (AT), nothing else,
+# in attestations and assertions alike (every real vector in shared/data/appattest-vectors).
+_FLAGS_ATTESTATION = 0x40
+_FLAGS_ASSERTION = 0x40
+# Apple's receipts (a CMS blob for Apple's fraud-metric service, ignored by the server) are
+# 3.7-4.0 KB in every real attestation; a realistic size keeps the Authorization header as
+# large as a real device's (about 10.7 KB once base64'd into the JWT envelope).
+REALISTIC_RECEIPT = b"\x30\x82\x0f\x9c" + bytes(3996)
+# What Apple's 2026 sample carries after the credential key (with the ED flag still clear).
+APPLE_2026_EXTENSIONS = cbor2.dumps({"apple_bundle_version_01": "1", "apple_validation_category_01": b"\x01\x00\x00\x00"})
 
 
 def _sha256(data: bytes) -> bytes:
@@ -67,6 +75,7 @@ class TestAttestationCA:
         name: str = "Test App Attestation",
         now: datetime | None = None,
         intermediate_is_ca: bool = True,
+        intermediate_signs_certificates: bool = True,
     ) -> None:
         issued = now or datetime.now(timezone.utc)
         self._root_key = ec.generate_private_key(ec.SECP384R1())
@@ -96,7 +105,7 @@ class TestAttestationCA:
                 x509.BasicConstraints(ca=intermediate_is_ca, path_length=0 if intermediate_is_ca else None),
                 critical=True,
             )
-            .add_extension(_ca_key_usage(), critical=True)
+            .add_extension(_ca_key_usage(key_cert_sign=intermediate_signs_certificates), critical=True)
             .sign(self._root_key, hashes.SHA384())
         )
 
@@ -106,7 +115,7 @@ class TestAttestationCA:
 
     def issue_credential_certificate(
         self,
-        public_key: ec.EllipticCurvePublicKey,
+        public_key: CertificatePublicKeyTypes,
         nonce: bytes,
         *,
         now: datetime | None = None,
@@ -114,10 +123,13 @@ class TestAttestationCA:
         digital_signature: bool = True,
         nonce_extension_der: bytes | None = None,
         omit_nonce_extension: bool = False,
+        omit_key_usage: bool = False,
+        extra_extensions: tuple[tuple[x509.ExtensionType, bool], ...] = (),
     ) -> x509.Certificate:
         """The leaf Apple issues per attestation: the device key plus the certified nonce.
 
-        `nonce_extension_der` replaces the extension's DER value verbatim (parser tests).
+        `nonce_extension_der` replaces the extension's DER value verbatim (parser tests);
+        `public_key` may be of any type, `extra_extensions` are (value, critical) pairs.
         """
         issued = now or datetime.now(timezone.utc)
         builder = (
@@ -128,7 +140,11 @@ class TestAttestationCA:
             .serial_number(x509.random_serial_number())
             .not_valid_before(issued - timedelta(minutes=5))
             .not_valid_after(issued + lifetime)
-            .add_extension(
+        )
+        for extension, critical in extra_extensions:
+            builder = builder.add_extension(extension, critical=critical)
+        if not omit_key_usage:
+            builder = builder.add_extension(
                 x509.KeyUsage(
                     digital_signature=digital_signature,
                     content_commitment=False,
@@ -142,7 +158,6 @@ class TestAttestationCA:
                 ),
                 critical=True,
             )
-        )
         if not omit_nonce_extension:
             extension_der = encode_nonce_extension(nonce) if nonce_extension_der is None else nonce_extension_der
             builder = builder.add_extension(
@@ -151,14 +166,14 @@ class TestAttestationCA:
         return builder.sign(self._intermediate_key, hashes.SHA256())
 
 
-def _ca_key_usage() -> x509.KeyUsage:
+def _ca_key_usage(*, key_cert_sign: bool = True) -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=False,
         content_commitment=False,
         key_encipherment=False,
         data_encipherment=False,
         key_agreement=False,
-        key_cert_sign=True,
+        key_cert_sign=key_cert_sign,
         crl_sign=True,
         encipher_only=False,
         decipher_only=False,
@@ -219,8 +234,16 @@ class TestDevice:
         leaf_digital_signature: bool = True,
         nonce_extension_der: bytes | None = None,
         omit_nonce_extension: bool = False,
+        extensions: bytes = b"",
+        raw_client_data_hash: bool = False,
+        receipt: bytes = REALISTIC_RECEIPT,
     ) -> bytes:
         """A CBOR attestation object for `challenge`, optionally with one defect.
+
+        By default the app hashes the challenge (clientDataHash = SHA-256(challenge)), as
+        the reference's clients do; `raw_client_data_hash` passes the challenge bytes as
+        the clientDataHash, as Apple's samples do. `extensions` is appended to authData
+        after the COSE key, as Apple's 2026 sample does.
 
         `wrong_key_id` puts a credential id other than the key id into authData (the
         certificate still certifies the right key); `certified_public_key` makes the
@@ -251,8 +274,10 @@ class TestDevice:
             + len(credential_id).to_bytes(2, "big")
             + credential_id
             + cose_key
+            + extensions
         )
-        nonce = _sha256(auth_data + _sha256(challenge))
+        client_data_hash = challenge if raw_client_data_hash else _sha256(challenge)
+        nonce = _sha256(auth_data + client_data_hash)
         if wrong_nonce:
             nonce = _sha256(nonce)
         ca = TestAttestationCA(name="Foreign", now=now) if foreign_ca else self.ca
@@ -272,8 +297,7 @@ class TestDevice:
                         credential_certificate.public_bytes(serialization.Encoding.DER),
                         ca.intermediate.public_bytes(serialization.Encoding.DER),
                     ],
-                    # Apple's receipt (for its fraud-metric service); the server ignores it.
-                    "receipt": b"test receipt",
+                    "receipt": receipt,
                 },
                 "authData": auth_data,
             }

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 import cbor2
 import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from mlpa_aiohttp.auth.app_attest_crypto import (
@@ -32,7 +33,12 @@ from mlpa_aiohttp.auth.envelope import (
     decode_envelope,
     is_plausible_key_id,
 )
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA, TestDevice, encode_nonce_extension
+from mlpa_aiohttp.testing.app_attest_device import (
+    APPLE_2026_EXTENSIONS,
+    TestAttestationCA,
+    TestDevice,
+    encode_nonce_extension,
+)
 
 TEAM_ID = "TEAM123456"
 BUNDLE_ID = "org.mozilla.ios.Firefox"
@@ -67,7 +73,7 @@ def attest(
 ):
     return verify_attestation(
         attestation_object=attestation_object,
-        challenge=challenge,
+        client_data_hash=hashlib.sha256(challenge).digest(),
         key_id=device.key_id if key_id is None else key_id,
         app_id=app_id or device.app_id,
         production=production,
@@ -130,7 +136,7 @@ def test_test_ca_attestation_rejected_under_apple_root(device: TestDevice) -> No
     with pytest.raises(AttestationInvalid) as caught:
         verify_attestation(
             attestation_object=device.attest(CHALLENGE),
-            challenge=CHALLENGE,
+            client_data_hash=hashlib.sha256(CHALLENGE).digest(),
             key_id=device.key_id,
             app_id=device.app_id,
             production=False,
@@ -210,6 +216,75 @@ def test_leaf_without_digital_signature_usage_rejected(device: TestDevice) -> No
     assert caught.value.reason == "chain_invalid"
 
 
+def test_intermediate_without_certificate_signing_usage_rejected() -> None:
+    device = TestDevice(TestAttestationCA(intermediate_signs_certificates=False), TEAM_ID, BUNDLE_ID)
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, device.attest(CHALLENGE))
+    assert caught.value.reason == "chain_invalid"
+
+
+_PRIVATE_EXTENSION = x509.ObjectIdentifier("1.3.6.1.4.1.55555.1")
+
+
+@pytest.mark.parametrize(("critical", "reason"), [(False, "accepted"), (True, "chain_invalid")])
+def test_unknown_leaf_extension_is_refused_only_when_critical(device: TestDevice, critical: bool, reason: str) -> None:
+    """RFC 5280 §4.2: a critical extension the verifier does not act on voids the chain."""
+    decoded = cbor2.loads(device.attest(CHALLENGE))
+    nonce = hashlib.sha256(decoded["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
+    extension = x509.UnrecognizedExtension(_PRIVATE_EXTENSION, b"\x05\x00")
+    leaf = device.ca.issue_credential_certificate(
+        device._private_key.public_key(), nonce, extra_extensions=((extension, critical),)
+    )
+    decoded["attStmt"]["x5c"][0] = leaf.public_bytes(serialization.Encoding.DER)
+    try:
+        verdict = attest(device, cbor2.dumps(decoded)).counter == 0 and "accepted"
+    except AttestationInvalid as rejected:
+        verdict = rejected.reason
+    assert verdict == reason
+
+
+def _sub_ca_chain(device: TestDevice, nonce: bytes) -> list[bytes]:
+    """[leaf, sub-CA, intermediate]: one CA more than the intermediate's path length 0 allows."""
+    sub_key = ec.generate_private_key(ec.SECP256R1())
+    sub_name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "Sub CA")])
+    valid_from, valid_to = NOW - timedelta(days=1), NOW + timedelta(days=1)
+    sub = (
+        x509.CertificateBuilder()
+        .subject_name(sub_name)
+        .issuer_name(device.ca.intermediate.subject)
+        .public_key(sub_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_to)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(device.ca._intermediate_key, hashes.SHA256())
+    )
+    leaf_template = device.ca.issue_credential_certificate(device._private_key.public_key(), nonce, now=NOW)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(leaf_template.subject)
+        .issuer_name(sub_name)
+        .public_key(device._private_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid_from)
+        .not_valid_after(valid_to)
+    )
+    for extension in leaf_template.extensions:
+        builder = builder.add_extension(extension.value, critical=extension.critical)
+    leaf = builder.sign(sub_key, hashes.SHA256())
+    return [c.public_bytes(serialization.Encoding.DER) for c in (leaf, sub, device.ca.intermediate)]
+
+
+def test_chain_longer_than_the_intermediates_path_length_rejected(device: TestDevice) -> None:
+    decoded = cbor2.loads(device.attest(CHALLENGE))
+    nonce = hashlib.sha256(decoded["authData"] + hashlib.sha256(CHALLENGE).digest()).digest()
+    assert device.ca.intermediate.extensions.get_extension_for_class(x509.BasicConstraints).value.path_length == 0
+    decoded["attStmt"]["x5c"] = _sub_ca_chain(device, nonce)
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, cbor2.dumps(decoded))
+    assert caught.value.reason == "chain_invalid"
+
+
 def _auth_data_prefix(device: TestDevice) -> bytes:
     return hashlib.sha256(device.app_id.encode()).digest() + b"\x41" + b"\x00" * 4 + AAGUID_DEVELOPMENT
 
@@ -248,19 +323,6 @@ def _nonce_for(device: TestDevice, attestation_object: bytes) -> bytes:
     return hashlib.sha256(auth_data + hashlib.sha256(CHALLENGE).digest()).digest()
 
 
-def test_nonce_extension_with_long_form_lengths_accepted(device: TestDevice) -> None:
-    nonce = _nonce_for(device, device.attest(CHALLENGE))
-    long_form = b"\x30\x81\x25" + b"\xa1\x81\x22" + b"\x04\x20" + nonce
-    # authData is deterministic for a device, so the nonce computed above still applies.
-    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=long_form)).counter == 0
-
-
-def test_nonce_extension_other_elements_skipped(device: TestDevice) -> None:
-    nonce = _nonce_for(device, device.attest(CHALLENGE))
-    with_extra = b"\x30\x29" + b"\xa0\x03\x02\x01\x01" + b"\xa1\x22\x04\x20" + nonce
-    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=with_extra)).counter == 0
-
-
 @pytest.mark.parametrize(
     "make_extension",
     [
@@ -274,11 +336,21 @@ def test_nonce_extension_other_elements_skipped(device: TestDevice) -> None:
         lambda n: b"\x1f\x81\x00",  # multi-byte tag
         lambda n: b"\x30\x80" + n,  # indefinite length
         lambda n: b"\x30\x85\x00\x00\x00\x00\x24",  # five length octets
+        # Not DER (a BER long form where the short form fits): certificates carry DER only.
+        lambda n: b"\x30\x81\x25" + b"\xa1\x81\x22" + b"\x04\x20" + n,
+        # Apple's sequence holds the one [1] element; anything else is not Apple's format.
+        lambda n: b"\x30\x29" + b"\xa0\x03\x02\x01\x01" + b"\xa1\x22\x04\x20" + n,
+        lambda n: b"\x30\x24\xa1\x22\x04\x20" + n[::-1],  # well formed, another nonce
     ],
-    ids=["set", "trailing", "bit-string", "two-in-tag", "tag-2", "truncated", "short", "high-tag", "indefinite", "long-length"],
+    ids=[
+        "set", "trailing", "bit-string", "two-in-tag", "tag-2", "truncated", "short", "high-tag", "indefinite",
+        "long-length", "ber-long-form", "extra-element", "other-nonce",
+    ],
 )
 def test_malformed_nonce_extension_rejected(device: TestDevice, make_extension) -> None:
     nonce = _nonce_for(device, device.attest(CHALLENGE))
+    # authData is deterministic for a device, so the nonce computed above still applies.
+    assert attest(device, device.attest(CHALLENGE, nonce_extension_der=encode_nonce_extension(nonce))).counter == 0
     with pytest.raises(AttestationInvalid) as caught:
         attest(device, device.attest(CHALLENGE, nonce_extension_der=make_extension(nonce)))
     assert caught.value.reason == "nonce_mismatch"
@@ -561,3 +633,44 @@ def test_base64_accepts_both_alphabets_and_missing_padding(text: str, expected: 
 def test_base64_rejects_garbage_and_wrong_padding(text: str) -> None:
     with pytest.raises(Base64Invalid):
         decode_base64(text)
+
+
+# ------------------------------------------------- Apple's formulation (client_data_hash)
+
+
+def test_apples_formulation_raw_challenge_as_client_data_hash(device: TestDevice) -> None:
+    """Apple's samples hand the challenge bytes themselves to the device as clientDataHash."""
+    attestation = device.attest(CHALLENGE, raw_client_data_hash=True)
+    attested = verify_attestation(
+        attestation_object=attestation,
+        client_data_hash=CHALLENGE,
+        key_id=device.key_id,
+        app_id=device.app_id,
+        production=False,
+        root=device.ca.root,
+        now=NOW,
+    )
+    assert attested.public_key_pem == device.public_key_pem
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, attestation)  # the request path's SHA-256(challenge) is another hash
+    assert caught.value.reason == "nonce_mismatch"
+
+
+@pytest.mark.parametrize("flags", [0x40, 0xC0, 0x41, 0x45], ids=["at", "at-ed", "at-up", "at-up-uv"])
+def test_extension_bytes_after_the_key_are_accepted_whatever_the_flags(device: TestDevice, flags: int) -> None:
+    """Apple's 2026 sample: CBOR extensions after the COSE key, ED flag clear."""
+    plain = cbor2.loads(device.attest(CHALLENGE))["authData"]
+    auth_data = plain[:32] + bytes([flags]) + plain[33:] + APPLE_2026_EXTENSIONS
+    attested = attest(device, device.attest(CHALLENGE, auth_data=auth_data))
+    assert attested.public_key_pem == device.public_key_pem
+    assert attest(device, device.attest(CHALLENGE, extensions=APPLE_2026_EXTENSIONS)).counter == 0
+
+
+def test_app_id_with_a_lone_surrogate_matches_nothing(device: TestDevice) -> None:
+    """A JSON `bundle_id` may carry "\\ud800"; it cannot be UTF-8, so it names no app."""
+    with pytest.raises(AttestationInvalid) as caught:
+        attest(device, device.attest(CHALLENGE), app_id=device.app_id + "\ud800")
+    assert caught.value.reason == "rp_id_mismatch"
+    with pytest.raises(AssertionInvalid) as caught_assertion:
+        assert_body(device, device.assertion(BODY, 1), app_id=device.app_id + "\ud800")
+    assert caught_assertion.value.reason == "rp_id_mismatch"
