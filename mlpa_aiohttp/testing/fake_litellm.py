@@ -71,6 +71,7 @@ class Scenario(enum.StrEnum):
     DROP_ON_REUSE = "drop_on_reuse"
     BUDGET_400 = "budget_400"
     BUDGET_429 = "budget_429"
+    BUDGET_422 = "budget_422"
     RATE_LIMIT_429 = "rate_limit_429"
     THROTTLING_429 = "throttling_429"
     CONTEXT_WINDOW_400 = "context_window_400"
@@ -130,6 +131,18 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
                     "type": "budget_exceeded",
                     "param": None,
                     "code": "429",
+                }
+            },
+        ),
+        # LiteLLM's default `budget_exceeded_status_code` (the end-user check's wording).
+        Scenario.BUDGET_422: _json_error(
+            422,
+            {
+                "error": {
+                    "message": "ExceededBudget: End User=uid123:ai over budget. Spend=0.11, Budget=0.1",
+                    "type": "budget_exceeded",
+                    "param": None,
+                    "code": "422",
                 }
             },
         ),

@@ -289,7 +289,7 @@ def test_scenario_names_are_exact() -> None:
         "ok", "slow_first_byte", "hang_before_headers", "hang_after_headers", "mid_stream_error",
         "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls",
         "drop_on_reuse",
-        "budget_400", "budget_429", "rate_limit_429", "throttling_429", "context_window_400",
+        "budget_400", "budget_429", "budget_422", "rate_limit_429", "throttling_429", "context_window_400",
         "invalid_model_400", "invalid_argument_400", "unclassified_400", "unclassified_429",
         "generate_400", "server_500", "bad_gateway_502",
     }  # fmt: skip
@@ -302,6 +302,7 @@ def test_scenario_names_are_exact() -> None:
 DOCUMENTED_ERRORS: dict[str, tuple[int, str]] = {
     "budget_400": (400, '"type": "budget_exceeded"'),
     "budget_429": (429, "Budget has been exceeded! Current cost: 0.11, Max budget: 0.1"),
+    "budget_422": (422, '"message": "ExceededBudget: End User=uid123:ai over budget.'),
     "rate_limit_429": (429, "Rate limit exceeded. TPM: 1000/500"),
     "throttling_429": (429, '"status": "RESOURCE_EXHAUSTED", "type": "throttling_error"'),
     "context_window_400": (400, "litellm.ContextWindowExceededError:"),
