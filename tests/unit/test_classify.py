@@ -158,3 +158,32 @@ async def test_budget_error_reaches_the_client_as_the_budget_answer(service, sce
 
     streamed = await service.chat(chat_body(stream=True, scenario=scenario))
     assert await streamed.text() == 'data: {"error": 1}\n\n'
+
+
+# The fake's scenarios calibrated to LiteLLM's captured bodies: scenario -> (status, body) of the
+# JSON answer; a stream answers one frame with the same code.
+CALIBRATED = {
+    "provider_rate_limit_429": (429, {"detail": {"error": 5}}, "60"),
+    "throttling_429": (429, {"detail": {"error": 5}}, "60"),
+    "rate_limit_429": (429, {"detail": {"error": 2}}, "60"),
+    "context_window_400": (413, {"detail": {"error": 3}}, None),
+    "invalid_model_400": (400, {"detail": {"error": 8}}, None),
+    "bad_param_400": (400, {"detail": {"error": "Upstream service returned an error"}}, None),
+    "timeout_408": (408, {"detail": {"error": "Upstream service returned an error"}}, None),
+    "server_500": (500, {"detail": {"error": "Upstream service returned an error"}}, None),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(CALIBRATED))
+async def test_litellm_shaped_errors_through_the_service(service, scenario: str) -> None:
+    from tests.conftest import chat_body
+
+    status, body, retry_after = CALIBRATED[scenario]
+    response = await service.chat(chat_body(scenario=scenario))
+    assert (response.status, await response.json(), response.headers.get("Retry-After")) == (status, body, retry_after)
+
+    streamed = await service.chat(chat_body(stream=True, scenario=scenario))
+    assert streamed.status == 200
+    code = body["detail"]["error"]
+    expected = f'data: {{"error": {code}}}\n\n' if isinstance(code, int) else f'data: {{"code": {status}, "error": "{code}"}}\n\n'
+    assert await streamed.text() == expected
