@@ -22,6 +22,7 @@ from aiohttp import web
 __all__ = ["Behaviour", "FakeProvider", "ProviderRequest", "serve_fake_provider"]
 
 CHAT_PATH = "/v1/chat/completions"
+SEARCH_PATH = "/search"  # Exa's search API, for LiteLLM's `exa_ai` search provider
 REPLY_WORDS: tuple[str, ...] = ("Hello", " there", "!")
 PROMPT_TOKENS = 11
 RATE_LIMIT_RETRY_AFTER = "7"
@@ -125,17 +126,24 @@ class FakeProvider:
     """Config and recorded traffic of one fake provider; `make_app()` serves it."""
 
     def __init__(
-        self, *, slow_seconds: float = 5.0, trickle_chunks: int = 200, trickle_interval: float = 0.05
+        self,
+        *,
+        slow_seconds: float = 5.0,
+        trickle_chunks: int = 200,
+        trickle_interval: float = 0.05,
+        cut_after: float = 1.0,
     ) -> None:
         self.slow_seconds = slow_seconds
         self.trickle_chunks = trickle_chunks
         self.trickle_interval = trickle_interval
+        self.cut_after = cut_after
         self.requests: collections.deque[ProviderRequest] = collections.deque(maxlen=1000)
 
     def make_app(self) -> web.Application:
         # handler_cancellation: a client that goes away cancels the handler, which records it.
         app = web.Application(handler_args={"handler_cancellation": True})
         app.router.add_post(CHAT_PATH, self._handle_chat)
+        app.router.add_post(SEARCH_PATH, self._handle_search)
         return app
 
     def requests_for(self, behaviour: Behaviour) -> list[ProviderRequest]:
@@ -158,6 +166,34 @@ class FakeProvider:
         except asyncio.CancelledError:
             record.mark_disconnected()
             raise
+
+    async def _handle_search(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        self.requests.append(
+            ProviderRequest(request.path, body, {k.lower(): v for k, v in request.headers.items()}, None)
+        )
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+            return web.json_response({"error": "query is required"}, status=400)
+        query: str = body["query"]
+        count = body.get("numResults", 3)
+        count = count if isinstance(count, int) and 0 < count <= 100 else 3
+        return web.json_response(
+            {
+                "requestId": "fake-search",
+                "results": [
+                    {
+                        "title": f"Result {rank} for {query}",
+                        "url": f"https://search.fake.test/{rank}",
+                        "text": f"A plausible snippet #{rank} about {query}.",
+                        "publishedDate": None,
+                    }
+                    for rank in range(1, count + 1)
+                ],
+            }
+        )
 
     async def _answer(
         self, request: web.Request, body: dict[str, Any], behaviour: Behaviour | None
@@ -235,8 +271,13 @@ async def _events(
     for position, word in enumerate(words):
         if behaviour is Behaviour.TRICKLE:
             await asyncio.sleep(provider.trickle_interval)
+
         yield _chunk(model, [{"index": 0, "delta": {"content": word}, "finish_reason": None}])
         if behaviour is Behaviour.MID_STREAM and position == 1:
+            # The cut comes late enough for LiteLLM to have sent its 200 and these chunks
+            # (its first call to a deployment is slow; a failure within its first read comes
+            # back as a plain JSON 500 instead).
+            await asyncio.sleep(provider.cut_after)
             return  # the caller cuts the connection here
     yield _chunk(model, [{"index": 0, "delta": {}, "finish_reason": "stop"}])
     if include_usage:
