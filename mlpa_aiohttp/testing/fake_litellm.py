@@ -12,6 +12,10 @@ Behaviour per request is chosen by a *scenario* (see `Scenario`), first match wi
 4. the default `fake.scenario`.
 
 Every request is recorded in `fake.requests` (see `RecordedRequest`).
+
+Answers are shaped like the real LiteLLM 1.106.12's (headers, chunk and usage shapes, error
+bodies and statuses, stream endings); tests/unit/test_fake_litellm.py compares them with
+its captured wire (docs/litellm-wire.md).
 """
 
 from __future__ import annotations

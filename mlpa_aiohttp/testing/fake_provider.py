@@ -131,7 +131,7 @@ class FakeProvider:
         slow_seconds: float = 5.0,
         trickle_chunks: int = 200,
         trickle_interval: float = 0.05,
-        cut_after: float = 1.0,
+        cut_after: float = 2.0,
     ) -> None:
         self.slow_seconds = slow_seconds
         self.trickle_chunks = trickle_chunks

@@ -59,7 +59,9 @@ MODEL_GROUPS: dict[str, Behaviour] = {
     "e500-model": Behaviour.SERVER_ERROR,
     "midstream-model": Behaviour.MID_STREAM,
     "trickle-model": Behaviour.TRICKLE,
+    "priced-model": Behaviour.OK,  # with a price: LiteLLM reports the cost
 }
+PRICE_PER_TOKEN = 1.0
 
 
 def free_port() -> int:
@@ -164,6 +166,12 @@ def litellm_config(provider_url: str) -> dict[str, Any]:
         }
         for group, behaviour in MODEL_GROUPS.items()
     ]
+    for deployment in deployments:
+        if deployment["model_name"] == "priced-model":
+            deployment["model_info"] = {
+                "input_cost_per_token": PRICE_PER_TOKEN,
+                "output_cost_per_token": PRICE_PER_TOKEN,
+            }
     return {
         "model_list": deployments,
         # LiteLLM retries a failed call twice with backoff by default (~22 s for a 429):
@@ -197,6 +205,18 @@ def wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> bool:
             pass
         time.sleep(0.2)
     return False
+
+
+def warm_up(server: RealLiteLLM) -> None:
+    """One completion first: LiteLLM's first call takes seconds (imports, clients), which
+    would otherwise land in whichever test comes first."""
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/chat/completions",
+        data=b'{"model": "ok-model", "messages": [{"role": "user", "content": "warm up"}]}',
+        headers={"authorization": f"Bearer {MASTER_KEY}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200, response.read()
 
 
 def stop(process: subprocess.Popen, timeout: float = 15.0) -> None:
@@ -261,6 +281,7 @@ def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iter
             last = (server.log_tail(1) or "no output").strip()
             pytest.skip(f"real LiteLLM did not start within {START_TIMEOUT:.0f} s: {last}")
         server.started_in = time.monotonic() - started
+        warm_up(server)
         yield server
     finally:
         stop(process)

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp.testing.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour
 
-from .conftest import MASTER_KEY, Fakes, RealLiteLLM, Service, free_port, service_env, start_service, stop
+from .conftest import MASTER_KEY, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, service_env, start_service, stop
 
 pytestmark = pytest.mark.e2e
 
@@ -93,6 +93,15 @@ async def test_completion_with_usage_counted(served: Service, stream: bool) -> N
     assert await metric(served, "mlpa_chat_tokens_total", {"type": "prompt", **tokens}) == prompt_before + PROMPT_TOKENS
     assert await metric(served, "mlpa_chat_tokens_total", {"type": "completion", **tokens}) == completion_before + len(REPLY_WORDS)
     assert await metric(served, "mlpa_litellm_routed_completions_total", {"requested_model": "ok-model"}) >= 1
+
+
+async def test_reported_cost_of_a_priced_model(served: Service) -> None:
+    routed = {"requested_model": "priced-model", "service_type": "ai"}
+    before = await metric(served, "mlpa_litellm_reported_cost_usd_total", routed)
+    status, headers, _ = await post(served, chat("priced-model"))
+    assert status == 200
+    expected = (PROMPT_TOKENS + len(REPLY_WORDS)) * PRICE_PER_TOKEN  # x-litellm-response-cost
+    assert await metric(served, "mlpa_litellm_reported_cost_usd_total", routed) == pytest.approx(before + expected)
 
 
 # model (LiteLLM model group) -> (status, body) of the JSON answer and its Retry-After
