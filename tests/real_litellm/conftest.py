@@ -38,7 +38,6 @@ from mlpa_aiohttp.testing.fake_provider import Behaviour, FakeProvider
 
 from ..conftest import TEST_SECRETS
 
-pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
@@ -47,6 +46,10 @@ MASTER_KEY = TEST_SECRETS["MASTER_KEY"]  # LiteLLM without a database knows only
 START_TIMEOUT = 120.0
 PROVIDER_TIMEOUT = 1.0  # LiteLLM's timeout for the provider: the slow model exceeds it
 T = TypeVar("T")
+NOT_INSTALLED = (
+    "real LiteLLM not installed (python3 -m venv .venv-litellm && "
+    ".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
+)
 
 # LiteLLM model group -> the provider behaviour its deployment asks for.
 MODEL_GROUPS: dict[str, Behaviour] = {
@@ -244,10 +247,7 @@ def fakes() -> Iterator[Fakes]:
 def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealLiteLLM]:
     executable = litellm_executable()
     if executable is None:
-        pytest.skip(
-            f"real LiteLLM not installed (python3 -m venv .venv-litellm && "
-            f".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
-        )
+        pytest.skip(NOT_INSTALLED)
     workdir = tmp_path_factory.mktemp("litellm")
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(litellm_config(fakes.provider_url)))
@@ -279,7 +279,9 @@ def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         if not wait_for_http(f"{server.base_url}/health/liveliness", process, START_TIMEOUT):
             last = (server.log_tail(1) or "no output").strip()
-            pytest.skip(f"real LiteLLM did not start within {START_TIMEOUT:.0f} s: {last}")
+            code = process.poll()
+            why = f"exited with {code}" if code is not None else f"not up within {START_TIMEOUT:.0f} s"
+            pytest.skip(f"real LiteLLM did not start ({why}): {last}")
         server.started_in = time.monotonic() - started
         warm_up(server)
         yield server

@@ -18,9 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp.testing.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour
 
-from .conftest import MASTER_KEY, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, service_env, start_service, stop
+from .conftest import MASTER_KEY, NOT_INSTALLED, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, litellm_executable, service_env, start_service, stop
 
 pytestmark = pytest.mark.e2e
+
+if litellm_executable() is None:
+    pytest.skip(NOT_INSTALLED, allow_module_level=True)
 
 CHAT_PATH = "/v1/chat/completions"
 REPLY = "".join(REPLY_WORDS)
