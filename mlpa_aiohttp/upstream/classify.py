@@ -4,7 +4,7 @@ Pure functions of (status, body text); first rule that matches wins. Two departu
 reference, both for what the real LiteLLM sends (docs/litellm-wire.md):
 
 - a budget error is recognised at any 4xx status, not only 400/429: LiteLLM answers budget
-  errors with `budget_exceeded_status_code` (422 by default since 1.7x, any status when set);
+  errors with `budget_exceeded_status_code` (422 by default in 1.106.12, any status when set);
 - a provider's 429 that LiteLLM wrapped (`litellm.RateLimitError: ... <Provider>Exception - `)
   is the provider-throttling code 5, not LiteLLM's own rate limit (code 2).
 """
