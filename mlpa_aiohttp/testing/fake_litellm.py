@@ -12,6 +12,10 @@ Behaviour per request is chosen by a *scenario* (see `Scenario`), first match wi
 4. the default `fake.scenario`.
 
 Every request is recorded in `fake.requests` (see `RecordedRequest`).
+
+Answers are shaped like the real LiteLLM 1.106.12's (headers, chunk and usage shapes, error
+bodies and statuses, stream endings); tests/unit/test_fake_litellm.py compares them with
+its captured wire (docs/litellm-wire.md).
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class Scenario(enum.StrEnum):
     SLOW_FIRST_BYTE = "slow_first_byte"
     HANG_BEFORE_HEADERS = "hang_before_headers"
     HANG_AFTER_HEADERS = "hang_after_headers"
-    MID_STREAM_ERROR = "mid_stream_error"
+    MID_STREAM_ERROR = "mid_stream_error"  # the connection is cut mid-stream
+    MID_STREAM_ERROR_EVENT = "mid_stream_error_event"  # LiteLLM's in-band error event, no [DONE]
     EMPTY_STREAM = "empty_stream"
     SPLIT_EVENT = "split_event"
     USAGE_EMPTY_CHOICES = "usage_empty_choices"
@@ -71,9 +76,13 @@ class Scenario(enum.StrEnum):
     DROP_ON_REUSE = "drop_on_reuse"
     BUDGET_400 = "budget_400"
     BUDGET_429 = "budget_429"
+    BUDGET_422 = "budget_422"
     RATE_LIMIT_429 = "rate_limit_429"
+    PROVIDER_RATE_LIMIT_429 = "provider_rate_limit_429"
     THROTTLING_429 = "throttling_429"
     CONTEXT_WINDOW_400 = "context_window_400"
+    BAD_PARAM_400 = "bad_param_400"
+    TIMEOUT_408 = "timeout_408"
     INVALID_MODEL_400 = "invalid_model_400"
     INVALID_ARGUMENT_400 = "invalid_argument_400"
     UNCLASSIFIED_400 = "unclassified_400"
@@ -83,94 +92,226 @@ class Scenario(enum.StrEnum):
     BAD_GATEWAY_502 = "bad_gateway_502"
 
 
+# Sent by LiteLLM's proxy on every JSON answer, errors included.
+LITELLM_SECURITY_HEADERS: Mapping[str, str] = MappingProxyType(
+    {
+        "vary": "Origin",
+        "x-frame-options": "DENY",
+        "content-security-policy": "frame-ancestors 'none'",
+        "x-content-type-options": "nosniff",
+    }
+)
+# `{model}` in a canned body stands for the request's model (LiteLLM names the model group).
+_MODEL_PLACEHOLDER = b"{model}"
+
+
 @dataclass(frozen=True, slots=True)
 class CannedError:
-    """An error response exactly as LiteLLM sends it (also when the request had stream=true)."""
+    """An error response as LiteLLM sends it (also when the request had stream=true: a
+    stream that fails before its first byte is a plain JSON error with its status)."""
 
     status: int
     body: bytes
     content_type: str
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # LiteLLM words some errors differently for a streamed request (the 408's message).
+    stream_body: bytes | None = None
 
     @property
     def text(self) -> str:
         return self.body.decode()
 
-    def to_response(self) -> web.Response:
-        return web.Response(status=self.status, body=self.body, content_type=self.content_type)
+    def body_for(self, model: str, *, stream: bool = False) -> bytes:
+        body = self.stream_body if stream and self.stream_body is not None else self.body
+        return body.replace(_MODEL_PLACEHOLDER, json.dumps(model)[1:-1].encode())
+
+    def to_response(self, model: str = "unknown", *, stream: bool = False) -> web.Response:
+        headers = {
+            "x-litellm-call-id": str(uuid.uuid4()),
+            "x-litellm-response-cost": "0",
+            "x-litellm-key-spend": "0.0",
+            **self.headers,
+            **LITELLM_SECURITY_HEADERS,
+        }
+        return web.Response(
+            status=self.status,
+            body=self.body_for(model, stream=stream),
+            content_type=self.content_type,
+            headers=headers,
+        )
 
 
-def _json_error(status: int, payload: Mapping[str, Any]) -> CannedError:
-    return CannedError(status, json.dumps(payload).encode(), "application/json")
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_error(
+    status: int, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> CannedError:
+    return CannedError(status, _compact(payload), "application/json", MappingProxyType(dict(headers or {})))
 
 
 def _text_error(status: int, text: str) -> CannedError:
     return CannedError(status, text.encode(), "text/plain")
 
 
+def _litellm_error_object(
+    message: str, type_: str | None, code: int, param: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": str(code), **extra}}
+
+
+def _provider_answered(provider_body_length: int, **extra: str) -> dict[str, str]:
+    """Headers of an error the provider itself answered: LiteLLM passes the provider's
+    headers on with an `llm_provider-` prefix."""
+    return {
+        **extra,
+        "llm_provider-content-type": "application/json; charset=utf-8",
+        "llm_provider-content-length": str(provider_body_length),
+        "llm_provider-date": "Mon, 30 Nov 2026 15:42:22 GMT",
+        "llm_provider-server": "Python/3.11 aiohttp/3.14.5",
+        "x-litellm-timeout": "6000.0",
+    }
+
+
+def _model_group_failed(text: str) -> str:
+    return f"{text}\n\nLiteLLM: model group '{{model}}' failed with the error above. No fallback was attempted."
+
+
 _BUDGET_MESSAGE = "Budget has been exceeded! Current cost: 0.11, Max budget: 0.1"
+_INVALID_MODEL_MESSAGE = (
+    "/chat/completions: Invalid model name passed in model={model}. "
+    "Call `/v1/models` to view available models for your key."
+)
+_TIMEOUT_MESSAGE = (
+    "litellm.Timeout: APITimeoutError - Request timed out. Error_str: Request timed out.{detail}"
+    "\n\nDeployment Info: request_timeout: None\ntimeout: 3.0"
+)
+# The provider failed after the stream started: LiteLLM ends its 200 stream with this event
+# (spaced JSON, unlike its other bodies) and no `data: [DONE]`.
+IN_BAND_ERROR_EVENT = (
+    b"data: "
+    + json.dumps(
+        _litellm_error_object(
+            "litellm.APIConnectionError: APIConnectionError: OpenAIException - Response payload is "
+            "not completed: <TransferEncodingError: 400, message='Not enough data to satisfy "
+            "transfer length header.'>",
+            None,
+            500,
+        )
+    ).encode()
+    + b"\n\n"
+)
 
 ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
     {
-        Scenario.BUDGET_400: _json_error(
-            400,
-            {
-                "error": {
-                    "message": _BUDGET_MESSAGE,
-                    "type": "budget_exceeded",
-                    "param": None,
-                    "code": "400",
-                }
-            },
+        Scenario.BUDGET_400: _json_error(400, _litellm_error_object(_BUDGET_MESSAGE, "budget_exceeded", 400)),
+        Scenario.BUDGET_429: _json_error(429, _litellm_error_object(_BUDGET_MESSAGE, "budget_exceeded", 429)),
+        # LiteLLM's default `budget_exceeded_status_code` (the end-user check's wording).
+        Scenario.BUDGET_422: _json_error(
+            422,
+            _litellm_error_object(
+                "ExceededBudget: End User=uid123:ai over budget. Spend=0.11, Budget=0.1",
+                "budget_exceeded",
+                422,
+            ),
         ),
-        Scenario.BUDGET_429: _json_error(
-            429,
-            {
-                "error": {
-                    "message": _BUDGET_MESSAGE,
-                    "type": "budget_exceeded",
-                    "param": None,
-                    "code": "429",
-                }
-            },
-        ),
+        # LiteLLM's own TPM/RPM limit (the reference's example wording).
         Scenario.RATE_LIMIT_429: _json_error(
             429,
+            _litellm_error_object("Rate limit exceeded. TPM: 1000/500", "rate_limit_error", 429),
+            {"retry-after": "60"},
+        ),
+        # A provider's 429 with Retry-After, as LiteLLM wraps it (retries off).
+        Scenario.PROVIDER_RATE_LIMIT_429: _json_error(
+            429,
+            _litellm_error_object(
+                _model_group_failed(
+                    "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit reached for "
+                    "gpt-4o in organization org-fake on requests per min (RPM): Limit 3, Used 3, "
+                    "Requested 1. Please try again in 20s."
+                ),
+                "throttling_error",
+                429,
+            ),
             {
-                "error": {
-                    "message": "Rate limit exceeded. TPM: 1000/500",
-                    "type": "rate_limit_error",
-                    "param": None,
-                    "code": "429",
-                }
+                "llm_provider-retry-after": "7",
+                "llm_provider-x-ratelimit-remaining-requests": "0",
+                **_provider_answered(228),
+                "x-ratelimit-remaining-requests": "0",
             },
         ),
+        # A provider's "resource exhausted" 429 (no Retry-After), as LiteLLM wraps it.
         Scenario.THROTTLING_429: _json_error(
             429,
-            {
-                "status": "RESOURCE_EXHAUSTED",
-                "type": "throttling_error",
-                "message": "Resource has been exhausted (e.g. check quota).",
-            },
+            _litellm_error_object(
+                _model_group_failed(
+                    "litellm.RateLimitError: RateLimitError: OpenAIException - Resource exhausted. "
+                    "Please try again later."
+                ),
+                "throttling_error",
+                429,
+            ),
+            _provider_answered(114),
         ),
         Scenario.CONTEXT_WINDOW_400: _json_error(
             400,
-            {
-                "error": {
-                    "message": (
-                        "litellm.ContextWindowExceededError: litellm.BadRequestError: "
-                        "This model's maximum context length is 8192 tokens. However, your "
-                        "messages resulted in 12000 tokens. Please reduce the length of the "
-                        "messages."
+            _litellm_error_object(
+                _model_group_failed(
+                    "litellm.ContextWindowExceededError: litellm.BadRequestError: "
+                    "ContextWindowExceededError: OpenAIException - This model's maximum context "
+                    "length is 8192 tokens. However, your messages resulted in 9001 tokens. Please "
+                    "reduce the length of the messages.\nmodel={model}. context_window_fallbacks=None. "
+                    "fallbacks=None.\n\nSet 'context_window_fallback' - "
+                    "https://docs.litellm.ai/docs/routing#fallbacks"
+                ),
+                "invalid_request_error",
+                400,
+            ),
+            _provider_answered(256),
+        ),
+        Scenario.BAD_PARAM_400: _json_error(
+            400,
+            _litellm_error_object(
+                _model_group_failed(
+                    "litellm.BadRequestError: OpenAIException - Invalid value for 'temperature': "
+                    "expected a number between 0 and 2."
+                ),
+                "invalid_request_error",
+                400,
+                "temperature",
+            ),
+            _provider_answered(175),
+        ),
+        Scenario.TIMEOUT_408: CannedError(
+            408,
+            _compact(
+                _litellm_error_object(
+                    _model_group_failed(
+                        _TIMEOUT_MESSAGE.format(detail=" - timeout value=3.0, time taken=3.0 seconds")
                     ),
-                    "type": None,
-                    "param": None,
-                    "code": "400",
-                }
-            },
+                    "invalid_request_error",
+                    408,
+                )
+            ),
+            "application/json",
+            MappingProxyType({"x-litellm-timeout": "3.0"}),
+            stream_body=_compact(
+                _litellm_error_object(
+                    _model_group_failed(_TIMEOUT_MESSAGE.format(detail="")), "invalid_request_error", 408
+                )
+            ),
         ),
         Scenario.INVALID_MODEL_400: _json_error(
-            400, {"error": "/chat/completions: Invalid model name passed in model=foo"}
+            400,
+            _litellm_error_object(
+                _INVALID_MODEL_MESSAGE,
+                "invalid_request_error",
+                400,
+                provider_specific_fields={"error": _INVALID_MODEL_MESSAGE},
+            ),
         ),
+        # Not LiteLLM's own: a Vertex-style provider body, the reference's rule-4 example.
         Scenario.INVALID_ARGUMENT_400: _json_error(
             400,
             {
@@ -195,8 +336,18 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
             },
         ),
         Scenario.SERVER_500: _json_error(
-            500, {"error": {"message": "Internal error", "type": "internal_server_error"}}
+            500,
+            _litellm_error_object(
+                _model_group_failed(
+                    "litellm.InternalServerError: InternalServerError: OpenAIException - The server "
+                    "had an error while processing your request. Sorry about that!"
+                ),
+                "internal_server_error",
+                500,
+            ),
+            _provider_answered(151),
         ),
+        # What an edge proxy in front of LiteLLM answers, not LiteLLM itself.
         Scenario.BAD_GATEWAY_502: _text_error(502, "Bad Gateway"),
     }
 )
@@ -296,28 +447,32 @@ def _litellm_error(message: str, type_: str, code: int, param: str | None = None
 
 
 class _StreamEvents:
-    """Pre-encoded SSE events of one completion stream: JSON is built once per distinct chunk."""
+    """Pre-encoded SSE events of one completion stream, shaped like LiteLLM's: compact JSON,
+    no `finish_reason` key until the finish chunk, a usage chunk whose `choices` is
+    `[{"index": 0, "delta": {}}]`. JSON is built once per distinct chunk."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, words: Sequence[str]) -> None:
         self.completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.words = words
         self._prefix = (
-            f'data: {{"id":{_dumps(self.completion_id)},"object":"chat.completion.chunk",'
-            f'"created":{self.created},"model":{_dumps(model)},"choices":'
+            f'data: {{"id":{_dumps(self.completion_id)},"created":{self.created},'
+            f'"model":{_dumps(model)},"object":"chat.completion.chunk",'
+            f'"system_fingerprint":"fp_fake","choices":'
         ).encode()
 
-    def event(self, choices: list[dict[str, Any]], usage: Mapping[str, int] | None = None) -> bytes:
+    def event(self, choices: list[dict[str, Any]], usage: Mapping[str, Any] | None = None) -> bytes:
         tail = "" if usage is None else f',"usage":{_dumps(usage)}'
         return self._prefix + f"{_dumps(choices)}{tail}}}\n\n".encode()
 
-    def delta(self, delta: Mapping[str, Any] | None, finish_reason: str | None = None) -> bytes:
-        return self.event([{"index": 0, "delta": delta, "finish_reason": finish_reason}])
+    def delta(self, delta: Mapping[str, Any] | None) -> bytes:
+        return self.event([{"index": 0, "delta": delta}])
 
     def role(self) -> bytes:
-        return self.delta({"role": "assistant", "content": ""})
+        return self.delta({"content": "", "role": "assistant"})
 
     def contents(self, chunks: int) -> list[bytes]:
-        encoded = [self.delta({"content": word}) for word in _WORDS[:chunks]]
+        encoded = [self.delta({"content": word}) for word in self.words[:chunks]]
         return [encoded[i % len(encoded)] for i in range(chunks)]
 
     def tool_call_deltas(self) -> list[bytes]:
@@ -344,20 +499,34 @@ class _StreamEvents:
         return events
 
     def finish(self, reason: str) -> bytes:
-        return self.delta({}, reason)
+        return self.event([{"finish_reason": reason, "index": 0, "delta": {}}])
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return self.event(
-            [],
-            {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        )
+    def usage(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        openai_shape: bool = False,
+        cost: float | None = None,
+    ) -> bytes:
+        """LiteLLM's usage chunk, or with `openai_shape` the provider's own (`choices: []`)."""
+        usage: dict[str, Any] = {
+            "completion_tokens": completion_tokens,
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if openai_shape:
+            return self.event([], usage)
+        usage["completion_tokens_details"] = {"reasoning_tokens": 0, "text_tokens": completion_tokens}
+        if cost is not None:
+            usage["cost"] = cost
+        return self.event([{"index": 0, "delta": {}}], usage)
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+_COST_PARTS = (
+    "original", "discount-amount", "margin-amount", "margin-percent", "input", "output", "tool-usage",
+)  # fmt: skip
 
 
 def _tool_calls_message() -> list[dict[str, Any]]:
@@ -381,7 +550,8 @@ class FakeLiteLLM:
         slow_delay: float = 0.5,
         split_pause: float = 0.01,
         prompt_tokens: int = 7,
-        litellm_version: str = "1.84.4",
+        words: Sequence[str] = _WORDS,
+        litellm_version: str = "1.106.12",
         readiness_body: Mapping[str, Any] | None = None,
         scenario: Scenario | str = Scenario.OK,
         response_headers: Mapping[str, str] | None = None,
@@ -396,6 +566,10 @@ class FakeLiteLLM:
         self.slow_delay = slow_delay
         self.split_pause = split_pause
         self.prompt_tokens = prompt_tokens
+        self.words: tuple[str, ...] = tuple(words)
+        # A priced model's stream carries its cost in the usage chunk (`usage.cost`), not in
+        # an x-litellm-response-cost header as JSON answers do.
+        self.usage_cost: float | None = None
         self.litellm_version = litellm_version
         self.scenario: Scenario | str = _parse_scenario(scenario)
         self.next_scenarios: list[Scenario | str] = []
@@ -446,7 +620,40 @@ class FakeLiteLLM:
         return [record for record in self.requests if record.path == path]
 
     def completion_text(self, chunks: int | None = None) -> str:
-        return completion_text(self.chunks if chunks is None else chunks)
+        count = self.chunks if chunks is None else chunks
+        return "".join(self.words[i % len(self.words)] for i in range(count))
+
+    def success_headers(self, model: str, *, stream: bool) -> dict[str, str]:
+        """The headers of a successful completion, in LiteLLM's order: its own, the
+        provider's (prefixed `llm_provider-`), then the routing headers of `response_headers`."""
+        provider_headers = (
+            {
+                "llm_provider-content-type": "text/event-stream",
+                "llm_provider-cache-control": "no-cache",
+                "llm_provider-transfer-encoding": "chunked",
+            }
+            if stream
+            else {"llm_provider-content-type": "application/json; charset=utf-8"}
+        )
+        headers = {
+            "x-litellm-call-id": str(uuid.uuid4()),
+            "x-litellm-model-id": hashlib.sha256(model.encode()).hexdigest(),
+            "x-litellm-model-name": f"openai/{model}",
+            "x-litellm-version": self.litellm_version,
+            **{f"x-litellm-response-cost-{part}": "0.0" for part in _COST_PARTS},
+            "x-litellm-key-spend": "0.0",
+            "x-litellm-overhead-duration-ms": "9.5",
+            "x-litellm-callback-duration-ms": "0.0",
+            **provider_headers,
+            "llm_provider-date": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+            "llm_provider-server": "Python/3.11 aiohttp/3.14.5",
+            "x-litellm-model-group": model,
+            **self.response_headers,
+        }
+        if stream:
+            headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+        headers.update(LITELLM_SECURITY_HEADERS)
+        return headers
 
     def reset(self) -> None:
         """Forget traffic, customers and queued scenarios; keep configuration."""
@@ -581,7 +788,8 @@ class FakeLiteLLM:
                 await self._abort(request, record)
             canned = ERROR_RESPONSES.get(scenario)
             if canned is not None:
-                return canned.to_response()
+                body = record.json if isinstance(record.json, dict) else {}
+                return canned.to_response(str(body.get("model", "unknown")), stream=body.get("stream") is True)
             if scenario is Scenario.HANG_BEFORE_HEADERS:
                 await _forever()
             if scenario is Scenario.SLOW_FIRST_BYTE:
@@ -619,8 +827,11 @@ class FakeLiteLLM:
             return await self._stream_chat(request, record, scenario, model, include_usage)
         return await self._json_chat(request, record, scenario, model)
 
-    async def _start_stream(self, request: web.Request, content_type: str) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers=self.response_headers)
+    async def _start_stream(
+        self, request: web.Request, content_type: str, model: str = "unknown"
+    ) -> web.StreamResponse:
+        stream = content_type == "text/event-stream"
+        response = web.StreamResponse(status=200, headers=self.success_headers(model, stream=stream))
         response.content_type = content_type
         response.charset = "utf-8"
         await response.prepare(request)  # StreamResponse sends its headers right away
@@ -634,20 +845,28 @@ class FakeLiteLLM:
         model: str,
         include_usage: bool,
     ) -> web.StreamResponse:
-        response = await self._start_stream(request, "text/event-stream")
+        response = await self._start_stream(request, "text/event-stream", model)
         if scenario is Scenario.HANG_AFTER_HEADERS:
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
             await response.write_eof()
             return response
 
-        events = _StreamEvents(model)
+        events = _StreamEvents(model, self.words)
         chunks = max(self.chunks, 0)
         if scenario is Scenario.MID_STREAM_ERROR:
             await response.write(events.role())
             for event in events.contents(2):
                 await response.write(event)
             await self._abort(request, record)
+        if scenario is Scenario.MID_STREAM_ERROR_EVENT:
+            # LiteLLM's answer to a provider failing mid-stream: an in-band error event, a
+            # clean end of the chunked body, no [DONE].
+            await response.write(events.role())
+            await self._write_paced(response, events.contents(min(2, chunks)))
+            await response.write(IN_BAND_ERROR_EVENT)
+            await response.write_eof()
+            return response
 
         if scenario is Scenario.TOOL_CALLS:
             body_events = events.tool_call_deltas()
@@ -663,7 +882,14 @@ class FakeLiteLLM:
                 body_events.extend(events.tool_call_deltas()[:1])
         tail = [events.finish(finish_reason)]
         if include_usage:
-            tail.append(events.usage(self.prompt_tokens, completion_tokens))
+            tail.append(
+                events.usage(
+                    self.prompt_tokens,
+                    completion_tokens,
+                    openai_shape=scenario is Scenario.USAGE_EMPTY_CHOICES,
+                    cost=self.usage_cost,
+                )
+            )
         tail.append(DONE_EVENT)
 
         if scenario is Scenario.SPLIT_EVENT:
@@ -707,49 +933,71 @@ class FakeLiteLLM:
     async def _json_chat(
         self, request: web.Request, record: RecordedRequest, scenario: Scenario, model: str
     ) -> web.StreamResponse:
+        headers = self.success_headers(model, stream=False)
         if scenario is Scenario.HANG_AFTER_HEADERS:
-            await self._start_stream(request, "application/json")
+            await self._start_stream(request, "application/json", model)
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
-            return web.Response(
-                status=200, body=b"", content_type="application/json", headers=self.response_headers
-            )
+            return web.Response(status=200, body=b"", content_type="application/json", headers=headers)
 
-        message: dict[str, Any] = {"role": "assistant"}
+        # LiteLLM's shape: compact JSON, `provider_specific_fields` on the choice and message.
+        message: dict[str, Any]
         if scenario is Scenario.TOOL_CALLS:
-            message["content"] = None
-            message["tool_calls"] = _tool_calls_message()
+            message = {
+                "content": None,
+                "role": "assistant",
+                "tool_calls": _tool_calls_message(),
+                "function_call": None,
+            }
             finish_reason = "tool_calls"
             completion_tokens = len(_TOOL_CALLS)
         else:
-            message["content"] = self.completion_text()
+            message = {
+                "content": self.completion_text(),
+                "role": "assistant",
+                "provider_specific_fields": {"refusal": None},
+            }
             finish_reason = "stop"
             completion_tokens = max(self.chunks, 0)
         payload = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "object": "chat.completion",
+            "system_fingerprint": "fp_fake",
+            "choices": [
+                {
+                    "finish_reason": finish_reason,
+                    "index": 0,
+                    "message": message,
+                    "provider_specific_fields": {},
+                }
+            ],
             "usage": {
-                "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": completion_tokens,
+                "prompt_tokens": self.prompt_tokens,
                 "total_tokens": self.prompt_tokens + completion_tokens,
             },
         }
-        body = json.dumps(payload).encode()
+        body = _compact(payload)
+        # The provider's own body was a little shorter (no provider_specific_fields).
+        headers["llm_provider-content-length"] = str(len(body) - 19)
         if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
             return await self._write_json_in_halves(
-                request, record, body, abort=scenario is Scenario.MID_STREAM_ERROR
+                request, record, body, headers, abort=scenario is Scenario.MID_STREAM_ERROR
             )
-        return web.Response(
-            body=body, content_type="application/json", headers=self.response_headers
-        )
+        return web.Response(body=body, content_type="application/json", headers=headers)
 
     async def _write_json_in_halves(
-        self, request: web.Request, record: RecordedRequest, body: bytes, *, abort: bool
+        self,
+        request: web.Request,
+        record: RecordedRequest,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        abort: bool,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers=self.response_headers)
+        response = web.StreamResponse(status=200, headers=headers)
         response.content_type = "application/json"
         response.content_length = len(body)
         await response.prepare(request)
@@ -795,7 +1043,7 @@ class FakeLiteLLM:
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
             return web.Response(
-                status=200, body=b"", content_type="application/json", headers=self.response_headers
+                status=200, body=b"", content_type="application/json", headers=self._search_headers()
             )
         slug = re.sub(r"[^a-z0-9]+", "-", query.lower()).strip("-") or "query"
         payload = {
@@ -813,11 +1061,14 @@ class FakeLiteLLM:
         encoded = json.dumps(payload).encode()
         if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
             return await self._write_json_in_halves(
-                request, record, encoded, abort=scenario is Scenario.MID_STREAM_ERROR
+                request, record, encoded, self._search_headers(), abort=scenario is Scenario.MID_STREAM_ERROR
             )
         return web.Response(
-            body=encoded, content_type="application/json", headers=self.response_headers
+            body=encoded, content_type="application/json", headers=self._search_headers()
         )
+
+    def _search_headers(self) -> dict[str, str]:
+        return {**self.response_headers, **LITELLM_SECURITY_HEADERS}
 
     # ---- admin endpoints (master key) -----------------------------------------------------
 
@@ -924,7 +1175,7 @@ class FakeLiteLLM:
         await self._record(request)
         return web.json_response(
             {
-                "docs_title": "LiteLLM API - Fake",
+                "docs_title": "LiteLLM API",
                 "custom_docs_description": None,
                 "litellm_version": self.litellm_version,
                 "useful_links": {},

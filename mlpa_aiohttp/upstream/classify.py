@@ -1,6 +1,12 @@
 """Classification of LiteLLM error responses into the client-facing codes (spec §4.5).
 
-Pure functions of (status, body text); first rule that matches wins.
+Pure functions of (status, body text); first rule that matches wins. Two departures from the
+reference, both for what the real LiteLLM sends (docs/litellm-wire.md):
+
+- a budget error is recognised at any 4xx status, not only 400/429: LiteLLM answers budget
+  errors with `budget_exceeded_status_code` (422 by default in 1.106.12, any status when set);
+- a provider's 429 that LiteLLM wrapped (`litellm.RateLimitError: ... <Provider>Exception - `)
+  is the provider-throttling code 5, not LiteLLM's own rate limit (code 2).
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ _RATE_LIMIT_WORDING = re.compile(r"rate[ _]?limit|\btpm\b|\brpm\b")
 _CONTEXT_WINDOW_WORDING = ("contextwindowexceeded", "maximum context length", "context window exceeded", "context length")
 _THROTTLING_MARKERS = ('litellm.ratelimiterror', '"status":"resource_exhausted"', '"type":"throttling_error"')
 _INVALID_ARGUMENT = re.compile(r'"status"\s*:\s*"invalid_argument"', re.IGNORECASE)
+# LiteLLM's wrapper around a provider's own 429: "litellm.RateLimitError: RateLimitError:
+# OpenAIException - ...". LiteLLM's own limiters raise the same class but name no provider.
+_WRAPPED_PROVIDER_RATE_LIMIT = re.compile(r"^litellm\.ratelimiterror:.*?\b[a-z0-9_]*exception - ", re.DOTALL)
 
 
 def _parse_json(text: str) -> Any:
@@ -86,8 +95,10 @@ def _parse_json(text: str) -> Any:
 def classify(status: int, body: str) -> Classification | None:
     """The classification of an upstream error, or None when it is unclassified."""
     parsed = _parse_json(body)
+    if 400 <= status < 500 and "budget" in _error_text(parsed):
+        return BUDGET_EXCEEDED
     if status in (400, 429):
-        found = _budget_or_rate_limit(parsed, body)
+        found = _rate_limit(parsed, body)
         if found is not None:
             return found
     lowered = body.lower()
@@ -100,13 +111,27 @@ def classify(status: int, body: str) -> Classification | None:
     return None
 
 
-def _budget_or_rate_limit(parsed: Any, body: str) -> Classification | None:
+def _error_object(parsed: Any) -> dict[str, Any] | None:
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        error = parsed["error"]
-        text = f"{error.get('type', '')} {error.get('message', '')}".lower()
-        if "budget" in text:
-            return BUDGET_EXCEEDED
-        if _RATE_LIMIT_WORDING.search(text):
+        return parsed["error"]
+    return None
+
+
+def _error_text(parsed: Any) -> str:
+    """`"<error.type> <error.message>"` lowercased, or "" without an `error` object."""
+    error = _error_object(parsed)
+    if error is None:
+        return ""
+    return f"{error.get('type', '')} {error.get('message', '')}".lower()
+
+
+def _rate_limit(parsed: Any, body: str) -> Classification | None:
+    error = _error_object(parsed)
+    if error is not None:
+        message = str(error.get("message", "")).lower()
+        if _WRAPPED_PROVIDER_RATE_LIMIT.search(message):
+            return UPSTREAM_RATE_LIMITED
+        if _RATE_LIMIT_WORDING.search(_error_text(parsed)):
             return RATE_LIMITED
     if isinstance(parsed, dict) and (
         parsed.get("status") == "RESOURCE_EXHAUSTED" or parsed.get("type") == "throttling_error"

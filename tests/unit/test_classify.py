@@ -55,3 +55,135 @@ def test_error_detail_prefers_error_message_and_unwraps_python_dicts() -> None:
     assert error_detail(json.dumps({"error": {"message": "boom"}})) == "boom"
     assert error_detail(json.dumps({"error": {"message": "{'error': 'inner'}"}})) == "inner"
     assert error_detail("plain text") == "plain text"
+
+
+# -- what the real LiteLLM sends (captures of LiteLLM 1.106.12, read from the shared folder) ----
+
+# capture name -> (status, code, Retry-After, availability reason), or None for unclassified
+CAPTURED = {
+    # A provider's 429, wrapped by LiteLLM: the provider-throttling code (README, Behaviour notes).
+    "err_ratelimit_nonstream": (429, 5, 60, "rate_limited_upstream"),
+    "err_throttle_stream": (429, 5, 60, "rate_limited_upstream"),
+    "err_ctx_nonstream": (413, 3, None, "payload_too_large"),
+    "err_unknown_model_stream": (400, 8, None, "invalid_model_name"),
+    "err_badparam_nonstream": None,
+    "err_e500_stream": None,
+    "err_slow_nonstream": None,  # 408: passed on with its status, as the reference would
+    "err_malformed_json": None,
+    "err_missing_messages": None,
+    "search_nodb": None,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED))
+def test_captured_litellm_errors(name: str) -> None:
+    from tests.real_litellm.captures import load
+
+    capture = load(name)
+    found = classify(capture.status, capture.body.decode())
+    expected = CAPTURED[name]
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert (found.status, found.code, found.retry_after, found.availability_reason) == expected
+
+
+def _litellm_budget(status: int, type_: str, message: str) -> str:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": str(status)}})
+
+
+END_USER_OVER = "ExceededBudget: End User=uid123:ai over budget. Spend=0.2, Budget=0.1"
+
+
+# LiteLLM answers budget errors with `budget_exceeded_status_code` (422 by default, any status
+# when configured): from its auth checks with type budget_exceeded, from a pre-call hook with
+# type invalid_request_error.
+@pytest.mark.parametrize("status", [400, 402, 403, 422, 429])
+@pytest.mark.parametrize("type_", ["budget_exceeded", "invalid_request_error"])
+def test_budget_at_any_client_error_status(status: int, type_: str) -> None:
+    found = classify(status, _litellm_budget(status, type_, END_USER_OVER))
+    assert found is not None
+    assert (found.status, found.code, found.retry_after, found.availability_reason) == (429, 1, 86400, "budget_exceeded")
+
+
+def test_budget_wording_at_a_server_error_is_not_a_budget_answer() -> None:
+    assert classify(500, _litellm_budget(500, "internal_server_error", "Budget service crashed")) is None
+
+
+def test_litellm_own_rate_limit_stays_platform_rate_limit() -> None:
+    # LiteLLM's own limiters raise its RateLimitError too, but name no provider exception.
+    body = json.dumps(
+        {
+            "error": {
+                "message": "litellm.RateLimitError: Rate limit exceeded for end_user: uid123:ai. "
+                "Limit type: requests. Current limit: 10, Remaining: 0.",
+                "type": "throttling_error",
+                "param": None,
+                "code": "429",
+            }
+        }
+    )
+    found = classify(429, body)
+    assert found is not None and (found.code, found.availability_reason) == (2, "rate_limited_platform")
+
+
+@pytest.mark.parametrize("provider", ["OpenAIException", "VertexAIException", "AnthropicException", "BedrockException"])
+def test_any_wrapped_provider_rate_limit_is_provider_throttling(provider: str) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"litellm.RateLimitError: RateLimitError: {provider} - quota exceeded",
+                "type": "throttling_error",
+                "param": None,
+                "code": "429",
+            }
+        }
+    )
+    found = classify(429, body)
+    assert found is not None and (found.code, found.retry_after) == (5, 60)
+
+
+# -- through the service over HTTP, against the fake LiteLLM --------------------------------------
+
+
+@pytest.mark.parametrize("scenario", ["budget_422", "budget_400", "budget_429"])
+async def test_budget_error_reaches_the_client_as_the_budget_answer(service, scenario: str) -> None:
+    from tests.conftest import chat_body
+
+    response = await service.chat(chat_body(scenario=scenario))
+    assert response.status == 429
+    assert await response.json() == {"detail": {"error": 1}}
+    assert response.headers["Retry-After"] == "86400"
+
+    streamed = await service.chat(chat_body(stream=True, scenario=scenario))
+    assert await streamed.text() == 'data: {"error": 1}\n\n'
+
+
+# The fake's scenarios calibrated to LiteLLM's captured bodies: scenario -> (status, body) of the
+# JSON answer; a stream answers one frame with the same code.
+CALIBRATED = {
+    "provider_rate_limit_429": (429, {"detail": {"error": 5}}, "60"),
+    "throttling_429": (429, {"detail": {"error": 5}}, "60"),
+    "rate_limit_429": (429, {"detail": {"error": 2}}, "60"),
+    "context_window_400": (413, {"detail": {"error": 3}}, None),
+    "invalid_model_400": (400, {"detail": {"error": 8}}, None),
+    "bad_param_400": (400, {"detail": {"error": "Upstream service returned an error"}}, None),
+    "timeout_408": (408, {"detail": {"error": "Upstream service returned an error"}}, None),
+    "server_500": (500, {"detail": {"error": "Upstream service returned an error"}}, None),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(CALIBRATED))
+async def test_litellm_shaped_errors_through_the_service(service, scenario: str) -> None:
+    from tests.conftest import chat_body
+
+    status, body, retry_after = CALIBRATED[scenario]
+    response = await service.chat(chat_body(scenario=scenario))
+    assert (response.status, await response.json(), response.headers.get("Retry-After")) == (status, body, retry_after)
+
+    streamed = await service.chat(chat_body(stream=True, scenario=scenario))
+    assert streamed.status == 200
+    code = body["detail"]["error"]
+    expected = f'data: {{"error": {code}}}\n\n' if isinstance(code, int) else f'data: {{"code": {status}, "error": "{code}"}}\n\n'
+    assert await streamed.text() == expected

@@ -101,14 +101,18 @@ async def test_stream_ok_sends_role_content_finish_usage_and_done(
     role, *contents, finish, usage = chunks
     assert role["object"] == "chat.completion.chunk"
     assert role["model"] == "mozilla/test-model"
-    assert role["choices"] == [
-        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-    ]
+    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}}]
     assert len(contents) == 5
     assert "".join(c["choices"][0]["delta"]["content"] for c in contents) == fake.completion_text()
-    assert finish["choices"][0]["finish_reason"] == "stop"
-    assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    assert finish["choices"] == [{"finish_reason": "stop", "index": 0, "delta": {}}]
+    # LiteLLM's usage chunk keeps one empty choice (a provider's own has `choices: []`).
+    assert usage["choices"] == [{"index": 0, "delta": {}}]
+    assert usage["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 5,
+        "total_tokens": 12,
+        "completion_tokens_details": {"reasoning_tokens": 0, "text_tokens": 5},
+    }
     assert len({chunk["id"] for chunk in chunks}) == 1
 
 
@@ -143,6 +147,7 @@ async def test_non_stream_returns_chat_completion_json(
     payload = json.loads(raw)
     assert payload["object"] == "chat.completion"
     assert payload["choices"][0]["message"] == {
+        "provider_specific_fields": {"refusal": None},
         "role": "assistant",
         "content": fake.completion_text(),
     }
@@ -287,9 +292,10 @@ async def test_unknown_scenario_is_a_loud_400(
 def test_scenario_names_are_exact() -> None:
     assert {s.value for s in ALL_SCENARIOS} == {
         "ok", "slow_first_byte", "hang_before_headers", "hang_after_headers", "mid_stream_error",
-        "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls",
+        "mid_stream_error_event", "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls",
         "drop_on_reuse",
-        "budget_400", "budget_429", "rate_limit_429", "throttling_429", "context_window_400",
+        "budget_400", "budget_429", "budget_422", "rate_limit_429", "provider_rate_limit_429", "throttling_429",
+        "context_window_400", "bad_param_400", "timeout_408",
         "invalid_model_400", "invalid_argument_400", "unclassified_400", "unclassified_429",
         "generate_400", "server_500", "bad_gateway_502",
     }  # fmt: skip
@@ -300,26 +306,36 @@ def test_scenario_names_are_exact() -> None:
 
 # scenario -> (status, substring the body must contain), independent of the fake's table
 DOCUMENTED_ERRORS: dict[str, tuple[int, str]] = {
-    "budget_400": (400, '"type": "budget_exceeded"'),
+    "budget_400": (400, '"type":"budget_exceeded"'),
     "budget_429": (429, "Budget has been exceeded! Current cost: 0.11, Max budget: 0.1"),
+    "budget_422": (422, '"message":"ExceededBudget: End User=uid123:ai over budget.'),
     "rate_limit_429": (429, "Rate limit exceeded. TPM: 1000/500"),
-    "throttling_429": (429, '"status": "RESOURCE_EXHAUSTED", "type": "throttling_error"'),
+    "provider_rate_limit_429": (
+        429,
+        "litellm.RateLimitError: RateLimitError: OpenAIException - Rate limit reached for gpt-4o",
+    ),
+    "throttling_429": (
+        429,
+        "litellm.RateLimitError: RateLimitError: OpenAIException - Resource exhausted.",
+    ),
     "context_window_400": (400, "litellm.ContextWindowExceededError:"),
+    "bad_param_400": (400, '"type":"invalid_request_error","param":"temperature","code":"400"'),
+    "timeout_408": (408, "litellm.Timeout: APITimeoutError - Request timed out."),
     "invalid_model_400": (
         400,
-        '{"error": "/chat/completions: Invalid model name passed in model=foo"}',
+        '"message":"/chat/completions: Invalid model name passed in model=mozilla/test-model.',
     ),
     "invalid_argument_400": (
         400,
-        '"message": "Expected a valid JSON object", "status": "INVALID_ARGUMENT"',
+        '"message":"Expected a valid JSON object","status":"INVALID_ARGUMENT"',
     ),
     "unclassified_400": (
         400,
-        '{"error": {"type": "invalid_request", "message": "Invalid request parameters"}}',
+        '{"error":{"type":"invalid_request","message":"Invalid request parameters"}}',
     ),
     "unclassified_429": (429, "Too Many Requests"),
     "generate_400": (400, "Could not generate a moderate response"),
-    "server_500": (500, '"type": "internal_server_error"'),
+    "server_500": (500, '"type":"internal_server_error"'),
     "bad_gateway_502": (502, "Bad Gateway"),
 }
 
@@ -339,7 +355,8 @@ async def test_error_scenarios_answer_like_litellm(
     expected_status, expected_text = DOCUMENTED_ERRORS[scenario]
     assert status == expected_status
     assert expected_text in raw.decode()
-    assert raw == ERROR_RESPONSES[Scenario(scenario)].body
+    assert raw == ERROR_RESPONSES[Scenario(scenario)].body_for("mozilla/test-model", stream=stream)
+    # A stream that fails before its first byte is a plain JSON (or text) error.
     assert not headers["Content-Type"].startswith("text/event-stream")
 
 
@@ -360,7 +377,11 @@ def test_error_bodies_only_trip_the_classifier_rules_they_are_meant_for() -> Non
     assert "budget" not in type_and_message(Scenario.RATE_LIMIT_429)
     assert "rate limit" not in type_and_message(Scenario.GENERATE_400)
     assert "rate" in type_and_message(Scenario.GENERATE_400)  # the trap: "generate", "moderate"
-    assert "error" not in json.loads(ERROR_RESPONSES[Scenario.THROTTLING_429].body)
+    # Every provider 429 comes wrapped by LiteLLM, named after the provider's exception.
+    for scenario in (Scenario.THROTTLING_429, Scenario.PROVIDER_RATE_LIMIT_429):
+        assert type_and_message(scenario).startswith("throttling_error litellm.ratelimiterror:")
+        assert "openaiexception - " in type_and_message(scenario)
+    assert "exception - " not in type_and_message(Scenario.RATE_LIMIT_429)
     with pytest.raises(ValueError):
         json.loads(ERROR_RESPONSES[Scenario.UNCLASSIFIED_429].body)
 
@@ -388,6 +409,7 @@ async def test_slow_first_byte_delays_headers(
 async def test_hang_before_headers_records_the_client_leaving(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
+    sent_at = time.monotonic()
     with pytest.raises(asyncio.TimeoutError):
         await session.post(
             server.make_url("/v1/chat/completions"),
@@ -398,7 +420,9 @@ async def test_hang_before_headers_records_the_client_leaving(
     (record,) = fake.requests
     await asyncio.wait_for(record.disconnected.wait(), 2)
     assert record.disconnected_at is not None
-    assert record.disconnected_at >= record.started_at + 0.2
+    # The client's 0.2 s run from before it connected, the fake's record from after.
+    assert record.disconnected_at >= sent_at + 0.2
+    assert record.disconnected_at > record.started_at
 
 
 async def test_hang_after_headers_sends_headers_then_silence(
@@ -484,7 +508,8 @@ async def test_split_event_arrives_in_pieces_cut_mid_json(
     assert any(
         b'"usage"' in r and not r.startswith(b"data: ") for r in reads
     )  # usage chunk split too
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
+    assert chunks[-1]["choices"] == [{"index": 0, "delta": {}}]
+    assert chunks[-1]["usage"]["total_tokens"] > 0
     tool_deltas = [
         c for c in chunks if c["choices"] and "tool_calls" in (c["choices"][0]["delta"] or {})
     ]
@@ -533,7 +558,8 @@ async def test_tool_calls_stream_builds_two_calls(
         and "tool_calls" in c["choices"][0]["delta"]
     ]
     assert len(arguments_chunks) >= 4  # arguments spread over several deltas
-    assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "tool_calls"
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if "finish_reason" in c["choices"][0]]
+    assert finishes == ["tool_calls"]
     assert chunks[-1]["usage"]["completion_tokens"] > 0
 
 
@@ -708,7 +734,7 @@ async def test_readiness(
     assert (body["status"], body["db"], body["litellm_version"]) == (
         "healthy",
         "connected",
-        "1.84.4",
+        "1.106.12",
     )
 
     fake.readiness_db = "Not connected"
@@ -773,3 +799,106 @@ async def test_run_fake_upstream_serves_until_cancelled(session: aiohttp.ClientS
     with pytest.raises(aiohttp.ClientConnectionError):
         async with aiohttp.ClientSession() as fresh:
             await fresh.get(f"{base_url}/public/model_hub/info")
+
+
+# ---- the fake against the real LiteLLM's captured wire ------------------------------------------
+
+# capture (shared/data/litellm-1.106.12) -> the fake's scenario for the same request. Not
+# compared: LiteLLM's own mock_response (not a provider path), answers that only exist
+# without LiteLLM's database (customer_*, search_nodb, err_bad_key, err_no_key, readiness),
+# and requests LiteLLM passes on unchanged (err_bad_role, err_temperature_string, router RPM).
+CAPTURED_CASES: dict[str, Scenario] = {
+    "nonstream_ok": Scenario.OK,
+    "stream_ok": Scenario.OK,
+    "stream_ok_no_usage": Scenario.OK,
+    "global_budget_1": Scenario.OK,  # a priced model: x-litellm-response-cost is sent
+    "global_budget_stream": Scenario.OK,
+    "err_midstream_stream": Scenario.MID_STREAM_ERROR_EVENT,
+    "err_midstream_nonstream": Scenario.MID_STREAM_ERROR_EVENT,
+    "err_ratelimit_nonstream": Scenario.PROVIDER_RATE_LIMIT_429,
+    "err_ratelimit_stream": Scenario.PROVIDER_RATE_LIMIT_429,
+    "err_throttle_nonstream": Scenario.THROTTLING_429,
+    "err_throttle_stream": Scenario.THROTTLING_429,
+    "err_ctx_nonstream": Scenario.CONTEXT_WINDOW_400,
+    "err_ctx_stream": Scenario.CONTEXT_WINDOW_400,
+    "err_badparam_nonstream": Scenario.BAD_PARAM_400,
+    "err_badparam_stream": Scenario.BAD_PARAM_400,
+    "err_e500_nonstream": Scenario.SERVER_500,
+    "err_e500_stream": Scenario.SERVER_500,
+    "err_slow_nonstream": Scenario.TIMEOUT_408,
+    "err_slow_stream": Scenario.TIMEOUT_408,
+    "err_unknown_model_nonstream": Scenario.INVALID_MODEL_400,
+    "err_unknown_model_stream": Scenario.INVALID_MODEL_400,
+}
+# Transport-level headers, and values that differ per call or per deployment.
+TRANSPORT_HEADERS = {"date", "server", "content-length", "transfer-encoding", "connection", "keep-alive"}
+VARYING_HEADER_VALUES = {
+    "x-litellm-call-id", "x-litellm-model-id", "x-litellm-model-api-base", "llm_provider-date",
+    "llm_provider-content-length", "x-litellm-response-duration-ms", "x-litellm-overhead-duration-ms",
+    "x-litellm-response-cost", "x-litellm-key-spend", "x-litellm-model-name",
+}  # fmt: skip
+VARYING_FIELDS = {"id", "created"}
+
+
+def _normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "<varies>" if k in VARYING_FIELDS else _normalized(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalized(item) for item in value]
+    return value
+
+
+def _json_style(text: str) -> str:
+    parsed = json.loads(text)
+    if text == json.dumps(parsed, separators=(",", ":")):
+        return "compact"
+    return "spaced" if text == json.dumps(parsed) else "other"
+
+
+def _body_shape(content_type: str, body: bytes) -> list[tuple[str, Any]]:
+    """Each JSON document of a body (one, or one per SSE event) normalized, with its
+    serialization style; `[DONE]` as itself."""
+    if content_type.startswith("text/event-stream"):
+        text = body.decode()
+        assert text.endswith("\n\n")
+        frames = text[:-2].split("\n\n")
+        assert all(frame.startswith("data: ") for frame in frames)
+        payloads = [frame[len("data: ") :] for frame in frames]
+        return [
+            ("done", None) if p == "[DONE]" else (_json_style(p), _normalized(json.loads(p)))
+            for p in payloads
+        ]
+    text = body.decode()
+    return [(_json_style(text), _normalized(json.loads(text)))]
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURED_CASES))
+async def test_fake_answers_like_the_captured_litellm(
+    name: str, aiohttp_server: ServerFactory, session: aiohttp.ClientSession
+) -> None:
+    from tests.real_litellm.captures import load
+
+    capture = load(name)
+    routing = {
+        "x-litellm-model-api-base": "http://127.0.0.1:18200/v1",
+        "x-litellm-response-duration-ms": "12.5",
+        "x-litellm-attempted-retries": "0",
+        "x-litellm-attempted-fallbacks": "0",
+    }
+    if "x-litellm-response-cost" in capture.headers:
+        routing["x-litellm-response-cost"] = capture.headers["x-litellm-response-cost"]
+    fake = FakeLiteLLM(chunks=3, words=("Hello", " there", "!"), prompt_tokens=11, response_headers=routing)
+    if name.startswith("global_budget"):
+        fake.usage_cost = 14.0  # the priced model of these captures
+    server = await aiohttp_server(fake.make_app())
+    status, headers, raw = await post_chat(
+        session, server, capture.request_json, **{SCENARIO_HEADER: CAPTURED_CASES[name].value}
+    )
+
+    assert status == capture.status
+    names = {key.lower() for key in headers} - TRANSPORT_HEADERS
+    assert names == {key.lower() for key in capture.headers} - TRANSPORT_HEADERS
+    for key in names - VARYING_HEADER_VALUES:
+        if not key.startswith("x-litellm-response-cost-"):  # the cost's breakdown varies
+            assert headers[key] == capture.headers[key], key
+    assert _body_shape(headers["Content-Type"], raw) == _body_shape(capture.headers["content-type"], capture.body)

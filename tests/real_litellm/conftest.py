@@ -1,0 +1,331 @@
+"""The real LiteLLM proxy as the service's upstream.
+
+One LiteLLM per test session (it takes ~10-30 s to start), on loopback, no database, its
+models pointing at `FakeProvider`; the service runs as `python -m mlpa_aiohttp serve` (and
+once under gunicorn) against it. The provider and a fake FxA run in a thread of their own
+with their own event loop, so session-scoped processes can use them across tests.
+
+LiteLLM is looked up as `MLPA_LITELLM_BIN`, else `<repo>/.venv-litellm/bin/litellm` (made by
+.ci/run from requirements.txt here), else `litellm` beside this Python. Where it is not
+installed or does not start, the suite skips with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import pytest
+import yaml
+from aiohttp import web
+
+from mlpa_aiohttp.testing.fake_fxa import FakeFxA
+from mlpa_aiohttp.testing.fake_provider import Behaviour, FakeProvider
+
+from ..conftest import TEST_SECRETS
+
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+LITELLM_VERSION = "1.106.12"
+MASTER_KEY = TEST_SECRETS["MASTER_KEY"]  # LiteLLM without a database knows only its master key
+START_TIMEOUT = 120.0
+PROVIDER_TIMEOUT = 1.0  # LiteLLM's timeout for the provider: the slow model exceeds it
+T = TypeVar("T")
+NOT_INSTALLED = (
+    "real LiteLLM not installed (python3 -m venv .venv-litellm && "
+    ".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
+)
+
+# LiteLLM model group -> the provider behaviour its deployment asks for.
+MODEL_GROUPS: dict[str, Behaviour] = {
+    "ok-model": Behaviour.OK,
+    "slow-model": Behaviour.SLOW,
+    "ratelimit-model": Behaviour.RATE_LIMIT,
+    "throttle-model": Behaviour.THROTTLE,
+    "ctx-model": Behaviour.CONTEXT,
+    "badparam-model": Behaviour.BAD_PARAM,
+    "e500-model": Behaviour.SERVER_ERROR,
+    "midstream-model": Behaviour.MID_STREAM,
+    "trickle-model": Behaviour.TRICKLE,
+    "priced-model": Behaviour.OK,  # with a price: LiteLLM reports the cost
+}
+PRICE_PER_TOKEN = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LoopThread:
+    """An event loop in a daemon thread, serving aiohttp apps for the whole session."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="real-litellm-fakes", daemon=True)
+        self._thread.start()
+        self._runners: list[web.AppRunner] = []
+
+    def call(self, coroutine: Awaitable[T], timeout: float = 10.0) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    def serve(self, app: web.Application) -> str:
+        async def start() -> str:
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            self._runners.append(runner)
+            return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+        return self.call(start())
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for runner in self._runners:
+                await runner.cleanup()
+
+        self.call(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+@dataclass
+class Fakes:
+    provider: FakeProvider
+    provider_url: str
+    fxa: FakeFxA
+    fxa_url: str
+
+
+@dataclass
+class RealLiteLLM:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+    started_in: float
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Service:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+    fxa: FakeFxA
+
+    def headers(self, user: str = "real-litellm-user", **extra: str) -> dict[str, str]:
+        return {
+            "authorization": f"Bearer {self.fxa.issue_jwt(user)}",
+            "service-type": "ai",
+            "content-type": "application/json",
+            **extra,
+        }
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def litellm_executable() -> str | None:
+    override = os.environ.get("MLPA_LITELLM_BIN")
+    if override:
+        return override if Path(override).is_file() else None
+    for candidate in (REPO_ROOT / ".venv-litellm" / "bin" / "litellm", Path(sys.executable).parent / "litellm"):
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("litellm")
+
+
+def litellm_config(provider_url: str) -> dict[str, Any]:
+    deployments = [
+        {
+            "model_name": group,
+            "litellm_params": {
+                "model": f"openai/{behaviour.value}",
+                "api_base": f"{provider_url}/v1",
+                "api_key": "fake-provider-key",
+                "timeout": PROVIDER_TIMEOUT,
+                "max_retries": 0,
+            },
+        }
+        for group, behaviour in MODEL_GROUPS.items()
+    ]
+    for deployment in deployments:
+        if deployment["model_name"] == "priced-model":
+            deployment["model_info"] = {
+                "input_cost_per_token": PRICE_PER_TOKEN,
+                "output_cost_per_token": PRICE_PER_TOKEN,
+            }
+    return {
+        "model_list": deployments,
+        # LiteLLM retries a failed call twice with backoff by default (~22 s for a 429):
+        # the service's answers are what is tested here, so no retries.
+        "litellm_settings": {
+            "num_retries": 0,
+            "request_timeout": 30,
+            "callbacks": "litellm_hooks.over_budget",
+        },
+        "router_settings": {"num_retries": 0, "retry_after": 0, "allowed_fails": 1000},
+        "general_settings": {"master_key": MASTER_KEY},
+        "search_tools": [
+            {
+                "search_tool_name": "exa-search",
+                "litellm_params": {"search_provider": "exa_ai", "api_key": "fake-exa-key", "api_base": provider_url},
+            }
+        ],
+    }
+
+
+def wait_for_http(url: str, process: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def warm_up(server: RealLiteLLM) -> None:
+    """One completion first: LiteLLM's first call takes seconds (imports, clients), which
+    would otherwise land in whichever test comes first."""
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/chat/completions",
+        data=b'{"model": "ok-model", "messages": [{"role": "user", "content": "warm up"}]}',
+        headers={"authorization": f"Bearer {MASTER_KEY}", "content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200, response.read()
+
+
+def stop(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def fakes() -> Iterator[Fakes]:
+    thread = LoopThread()
+    provider = FakeProvider(slow_seconds=PROVIDER_TIMEOUT + 2.0)
+    fxa = FakeFxA()
+    try:
+        yield Fakes(provider, thread.serve(provider.make_app()), fxa, thread.serve(fxa.make_app()))
+    finally:
+        thread.close()
+
+
+@pytest.fixture(scope="session")
+def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealLiteLLM]:
+    executable = litellm_executable()
+    if executable is None:
+        pytest.skip(NOT_INSTALLED)
+    workdir = tmp_path_factory.mktemp("litellm")
+    config_path = workdir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(litellm_config(fakes.provider_url)))
+    shutil.copy(HERE / "litellm_hooks.py", workdir / "litellm_hooks.py")
+    port = free_port()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("DATABASE_", "LITELLM_", "PROMETHEUS_")) and key not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env.update(
+        {
+            "PYTHONPATH": str(workdir),  # the config's callback module
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the price map at start
+            "LITELLM_LOG": "ERROR",
+        }
+    )
+    log_path = workdir / "litellm.log"
+    log_file: IO[bytes] = log_path.open("wb")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [executable, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port), "--telemetry", "False"],
+        cwd=workdir,
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    server = RealLiteLLM(process, f"http://127.0.0.1:{port}", log_path, 0.0)
+    try:
+        if not wait_for_http(f"{server.base_url}/health/liveliness", process, START_TIMEOUT):
+            last = (server.log_tail(1) or "no output").strip()
+            code = process.poll()
+            why = f"exited with {code}" if code is not None else f"not up within {START_TIMEOUT:.0f} s"
+            pytest.skip(f"real LiteLLM did not start ({why}): {last}")
+        server.started_in = time.monotonic() - started
+        warm_up(server)
+        yield server
+    finally:
+        stop(process)
+        log_file.close()
+
+
+def service_env(litellm: RealLiteLLM, fakes: Fakes, port: int, **extra: str) -> dict[str, str]:
+    return {
+        **{key: value for key, value in os.environ.items() if key != "PROMETHEUS_MULTIPROC_DIR"},
+        **TEST_SECRETS,
+        # Without a database LiteLLM accepts only its master key for completions too.
+        "MLPA_VIRTUAL_KEY": MASTER_KEY,
+        "PYTHONPATH": str(REPO_ROOT),
+        "PORT": str(port),
+        "MLPA_STORE": "memory",
+        "LITELLM_API_BASE": litellm.base_url,
+        "FXA_BASE_URL": f"{fakes.fxa_url}/v1",
+        "LOG_LEVEL": "INFO",
+        **extra,
+    }
+
+
+def start_service(command: list[str], env: dict[str, str], log_path: Path, fakes: Fakes) -> Service:
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    log_file.close()  # the child holds its own descriptor
+    service = Service(process, f"http://127.0.0.1:{env['PORT']}", log_path, fakes.fxa)
+    if not wait_for_http(f"{service.base_url}/health/liveness", process, 30.0):
+        stop(process)
+        raise AssertionError(f"the service did not start:\n{service.log()[-3000:]}")
+    return service
+
+
+@pytest.fixture(scope="session")
+def served(real_litellm: RealLiteLLM, fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """`python -m mlpa_aiohttp serve` against the real LiteLLM, for the whole session."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    service = start_service(
+        [sys.executable, "-m", "mlpa_aiohttp", "serve"], service_env(real_litellm, fakes, port), log_path, fakes
+    )
+    try:
+        yield service
+    finally:
+        stop(service.process)
