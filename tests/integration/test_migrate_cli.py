@@ -9,6 +9,7 @@ import sys
 import asyncpg
 
 from mlpa_aiohttp.settings import PostgresSettings
+from mlpa_aiohttp.store.migrate import load_migrations
 from mlpa_aiohttp.store.pools import Pools
 
 
@@ -33,8 +34,11 @@ async def test_migrate_command_creates_and_upgrades_a_database(pg_settings: Post
     first = run_migrate(pg_settings, database)
     assert first.returncode == 0, first.stderr
     assert "applied" in first.stdout and pg_settings.password not in first.stdout + first.stderr
+    # One line per migration applied, not a log line and a print of each.
+    for migration in load_migrations():
+        assert first.stdout.count(migration.version) == 1, first.stdout
     second = run_migrate(pg_settings, database)
-    assert second.returncode == 0 and "(0 applied)" in second.stdout
+    assert second.returncode == 0 and "applied=0" in second.stdout
     conn = await asyncpg.connect(
         host=pg_settings.host, port=pg_settings.port, user=pg_settings.username,
         password=pg_settings.password, database=database,
