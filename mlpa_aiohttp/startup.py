@@ -39,7 +39,7 @@ def report_config_error(
 
 
 def report_unavailable(
-    what: str, error: BaseException, environ: Mapping[str, str], *, hint: str, exit_code: int
+    what: str, error: BaseException | str, environ: Mapping[str, str], *, hint: str, exit_code: int
 ) -> int:
     log_startup_failure(
         f"{what}_unavailable", [str(error)], exit_code=exit_code, hint=hint, json=json_logs_requested(environ)

@@ -158,9 +158,10 @@ def log_startup_failure(
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
         }
         text = jsonlib.dumps(record)
+    elif len(problems) == 1:
+        text = f"{'CRITICAL':<8} {event}: {problems[0]} (exit status {exit_code}; {hint})"
     else:
-        count = f"{len(problems)} problems" if len(problems) > 1 else "1 problem"
-        lines = [f"{'CRITICAL':<8} {event}: {count}, exit status {exit_code}"]
+        lines = [f"{'CRITICAL':<8} {event}: {len(problems)} problems, exit status {exit_code}"]
         lines += [f"  - {problem}" for problem in problems]
         lines.append(f"  {hint}")
         text = "\n".join(lines)

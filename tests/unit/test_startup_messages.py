@@ -78,6 +78,12 @@ def test_console_line_leads_with_level_event_method_path_status_duration() -> No
     assert stream.getvalue().startswith("WARNING  Worker exiting (pid: 7)  logger=test.console timestamp=")
 
 
+def test_a_single_startup_problem_is_one_console_line() -> None:
+    stream = io.StringIO()
+    log_startup_failure("configuration_error", ["PORT: expected an integer, got 'x'"], exit_code=78, hint="see README", json=False, stream=stream)
+    assert stream.getvalue() == "CRITICAL configuration_error: PORT: expected an integer, got 'x' (exit status 78; see README)\n"
+
+
 @pytest.mark.parametrize("as_json", [True, False])
 def test_startup_failure_is_one_message(as_json: bool) -> None:
     stream = io.StringIO()
