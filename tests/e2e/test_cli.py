@@ -161,3 +161,11 @@ async def test_demo_prints_its_urls_and_keys_and_reports_what_it_has() -> None:
             assert process.wait(timeout=10) == 0
         finally:
             process.kill()
+
+
+@pytest.mark.parametrize("command", ["serve", "migrate"])
+def test_postgres_out_of_reach_is_one_line_with_exit_status_69(command: str) -> None:
+    result = cli(command, MLPA_DEBUG="true", MLPA_STORE="postgres", DB_HOST="127.0.0.1", DB_PORT=str(free_port()), PORT=str(free_port()))
+    assert result.returncode == 69, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "database_unavailable: cannot connect to PostgreSQL at 127.0.0.1:" in line and "DB_HOST" in line
