@@ -2,7 +2,8 @@
 
 Each subcommand is one `_add_<name>` function that registers its parser and the function
 that runs it; `main` only parses and turns start-up failures into one message and an exit
-status (README "Start-up errors").
+status (README "Start-up errors"). The service's modules are imported by the runners, so
+`--help` and `--version` answer at once.
 """
 
 from __future__ import annotations
@@ -14,13 +15,9 @@ import os
 import secrets
 import signal
 import sys
-from typing import Callable, Mapping, Sequence
-
-import uvloop
-from aiohttp import web
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from . import __version__
-from .app import app_factory, create_app
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError
 from .startup import (
@@ -32,6 +29,9 @@ from .startup import (
 )
 from .store.base import StoreUnavailable
 
+if TYPE_CHECKING:
+    from aiohttp import web
+
 PROG = "python -m mlpa_aiohttp"
 DEMO_PROMPT = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
 DATABASE_HINT = (
@@ -39,7 +39,7 @@ DATABASE_HINT = (
 )
 
 EXIT_STATUSES = f"""exit statuses:
-  0   stopped cleanly (SIGTERM, SIGINT)
+  0   done, or stopped cleanly (SIGTERM, SIGINT)
   2   command-line usage error
   {EXIT_UNAVAILABLE}  PostgreSQL unreachable at start-up
   {EXIT_CANNOT_LISTEN}  the port is in use or cannot be bound
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.split("\n\n")[0],
-        epilog=EXIT_STATUSES,
+        epilog=f"{PROG} COMMAND --help names the variables COMMAND reads.\n\n{EXIT_STATUSES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mlpa-aiohttp {__version__}")
@@ -133,6 +133,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    import uvloop
+    from aiohttp import web
+
+    from .app import app_factory
+
     settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
     port = settings.server.port if args.port is None else args.port
     try:
@@ -185,6 +190,8 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     checked = Settings.from_environ(os.environ, demo=True)  # every problem before anything starts
     port = checked.server.port if args.port is None else args.port
+    import uvloop
+
     try:
         return uvloop.run(_demo(port, checked.server.log_level))
     except OSError as error:
@@ -200,6 +207,8 @@ async def _wait_for_signal() -> None:
 
 
 async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    from aiohttp import web
+
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
@@ -213,6 +222,7 @@ async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 
 
 async def _demo(port: int, log_level: str) -> int:
+    from .app import create_app
     from .testing.fake_fxa import FakeFxA
     from .testing.fake_litellm import FakeLiteLLM
 
@@ -284,6 +294,8 @@ def _add_fake_upstream(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_fake(args: argparse.Namespace) -> int:
+    import uvloop
+
     return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
 
 

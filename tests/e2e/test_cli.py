@@ -52,6 +52,14 @@ def test_version() -> None:
     assert result.returncode == 0 and result.stdout.strip() == f"mlpa-aiohttp {__version__}"
 
 
+def test_top_level_help_lists_the_commands_and_where_variables_are_named() -> None:
+    result = cli("--help", PORT="eighty")
+    assert result.returncode == 0
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+    assert "COMMAND --help names the variables" in result.stdout and "78" in result.stdout
+
+
 @pytest.mark.parametrize("command", SUBCOMMANDS)
 def test_help_names_the_variables_even_with_a_bad_port(command: str) -> None:
     result = cli(command, "--help", PORT="eighty")
