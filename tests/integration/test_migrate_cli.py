@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from mlpa_aiohttp.store.migrate import load_migrations
 from mlpa_aiohttp.store.pools import Pools
 
 
-def run_migrate(pg: PostgresSettings, database: str) -> subprocess.CompletedProcess[str]:
+def run_migrate(pg: PostgresSettings, database: str, **extra: str) -> subprocess.CompletedProcess[str]:
     environ = {
         "PATH": os.environ["PATH"],
         "DB_HOST": pg.host,
@@ -22,6 +23,7 @@ def run_migrate(pg: PostgresSettings, database: str) -> subprocess.CompletedProc
         "DB_PASSWORD": pg.password,
         "APP_ATTEST_DB_NAME": database,
         "MLPA_MAX_SIGNED_IN_USERS": "42",
+        **extra,
     }
     return subprocess.run(
         [sys.executable, "-m", "mlpa_aiohttp", "migrate"], env=environ, capture_output=True, text=True, timeout=60
@@ -39,6 +41,10 @@ async def test_migrate_command_creates_and_upgrades_a_database(pg_settings: Post
         assert first.stdout.count(migration.version) == 1, first.stdout
     second = run_migrate(pg_settings, database)
     assert second.returncode == 0 and "applied=0" in second.stdout
+    as_json = run_migrate(pg_settings, database, LOG_JSON="true")
+    assert as_json.returncode == 0 and as_json.stderr == ""
+    (done,) = [json.loads(line) for line in as_json.stdout.splitlines()]  # every line is JSON
+    assert done["event"] == "migrate_done" and done["applied"] == 0 and done["database"] == database
     conn = await asyncpg.connect(
         host=pg_settings.host, port=pg_settings.port, user=pg_settings.username,
         password=pg_settings.password, database=database,
