@@ -82,7 +82,7 @@ class ConsoleLine:
     def __call__(self, _: Any, __: str, event: MutableMapping[str, Any]) -> str:
         level = str(event.pop("level", "info")).upper()
         message = str(event.pop("event", ""))
-        exception = event.pop("exception", None)
+        below = [str(text) for text in (event.pop("stack", None), event.pop("exception", None)) if text]
         lead = []
         for key in LEADING_KEYS:
             if key in event:
@@ -95,7 +95,7 @@ class ConsoleLine:
         line = " ".join(part for part in (shown_level, message, " ".join(lead)) if part)
         if rest:
             line = f"{line}  {rest}"
-        return f"{line}\n{exception}" if exception else line
+        return "\n".join([line, *below])
 
 
 def _console_value(value: Any) -> str:
@@ -112,6 +112,7 @@ def stdlib_formatter(json: bool = False, colours: bool = False) -> logging.Forma
         foreign_pre_chain=_shared_processors(),
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
         ],
