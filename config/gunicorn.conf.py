@@ -13,6 +13,12 @@ ConfigMap drives both):
     LOG_LEVEL                  level of gunicorn's own loggers
     PROMETHEUS_MULTIPROC_DIR   prometheus multiprocess directory, wiped at start
 
+Start-up errors: an invalid value of any variable (these and the app's own, secrets
+included) stops the master before it binds or forks, with one message listing every
+problem (JSON with LOG_JSON=true) and exit status 78. PostgreSQL out of reach while a worker
+starts the app: one message, the worker exits 3 and gunicorn's arbiter stops with 3
+("Worker failed to boot"). Every line gunicorn writes goes through the app's formatter.
+
 Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
     terminationGracePeriodSeconds (Kubernetes) > preStop pause + graceful_timeout
     graceful_timeout * 0.95 (aiohttp worker's shutdown_timeout) > drain + SHUTDOWN_MARGIN_SECONDS
@@ -24,12 +30,18 @@ import math
 import os
 import shutil
 
-from mlpa_aiohttp.settings import ServerSettings
+from mlpa_aiohttp.settings import ServerSettings, Settings, SettingsError
+from mlpa_aiohttp.startup import EXIT_CONFIG, json_logs_requested, report_config_error
 
+# aiohttp's workers with clean start-up errors and a clean socket close (gunicorn_worker.py).
 WORKER_CLASSES = {
-    "asyncio": "aiohttp.GunicornWebWorker",
-    "uvloop": "aiohttp.GunicornUVLoopWebWorker",
+    "asyncio": "mlpa_aiohttp.gunicorn_worker.ServiceWorker",
+    "uvloop": "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker",
 }
+
+# Invalid values of the variables read here; reported with the app's own in on_starting,
+# so one start shows every problem. Each falls back to its default meanwhile.
+problems: list[str] = []
 
 # The aiohttp worker passes graceful_timeout / 100 * 95 to AppRunner as shutdown_timeout.
 AIOHTTP_SHUTDOWN_SHARE = 0.95
@@ -52,9 +64,11 @@ def _env_number(name: str, default: float, *, minimum: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise RuntimeError(f"{name}: expected a number, got {text!r}") from None
+        problems.append(f"{name}: expected a number, got {text!r}")
+        return default
     if not math.isfinite(value) or value < minimum:
-        raise RuntimeError(f"{name}: must be a finite number of at least {minimum}, got {text!r}")
+        problems.append(f"{name}: must be a finite number of at least {minimum}, got {text!r}")
+        return default
     return value
 
 
@@ -63,7 +77,8 @@ def _worker_count() -> int:
         if os.environ.get(name, "").strip():
             count = _env_number(name, 1, minimum=1)
             if count != int(count):
-                raise RuntimeError(f"{name}: expected a whole number, got {count}")
+                problems.append(f"{name}: expected a whole number, got {count}")
+                return 1
             return int(count)
     return 1
 
@@ -73,7 +88,8 @@ def _worker_class() -> str:
     # asyncio's loop, measured side by side (docs/performance.md, "The worker class").
     choice = _env_text("GUNICORN_WORKER_CLASS", "uvloop").lower()
     if choice not in WORKER_CLASSES:
-        raise RuntimeError(f"GUNICORN_WORKER_CLASS: expected one of {', '.join(WORKER_CLASSES)}, got {choice!r}")
+        problems.append(f"GUNICORN_WORKER_CLASS: expected one of {', '.join(WORKER_CLASSES)}, got {choice!r}")
+        return WORKER_CLASSES["uvloop"]
     return WORKER_CLASSES[choice]
 
 
@@ -116,16 +132,21 @@ control_socket_disable = True
 accesslog = None
 
 loglevel = _env_text("LOG_LEVEL", _DEFAULTS.log_level).lower()
+if loglevel not in ("debug", "info", "warning", "error", "critical"):
+    loglevel = _DEFAULTS.log_level.lower()  # the app's settings report the bad value
+# The master's lines in the app's format (JSON with LOG_JSON=true); workers then set up
+# the same formatter themselves (app_factory -> configure_logging).
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {
-            "format": "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s",
+        "service": {
+            "()": "mlpa_aiohttp.observability.logging.stdlib_formatter",
+            "json": json_logs_requested(os.environ),
         },
     },
     "handlers": {
-        "stdout": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stdout"},
+        "stdout": {"class": "logging.StreamHandler", "formatter": "service", "stream": "ext://sys.stdout"},
     },
     "root": {"level": loglevel.upper(), "handlers": ["stdout"]},
     "loggers": {
@@ -141,12 +162,29 @@ def _prometheus_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip() or None
 
 
-def on_starting(server) -> None:
-    """Start each deployment with an empty prometheus multiprocess directory.
+def check_configuration() -> list[str]:
+    """Every problem with the environment: this file's variables and the app's settings."""
+    found = list(problems)
+    try:
+        Settings.from_environ(os.environ)
+    except SettingsError as error:
+        named = {problem.split(":", 1)[0] for problem in found}
+        found += [problem for problem in error.problems if problem.split(":", 1)[0] not in named]
+    return found
 
-    Files left by an earlier run would be summed into /metrics. The directory itself may be
-    a mount point (an emptyDir), so its contents are removed, not the directory.
+
+def on_starting(server) -> None:
+    """Refuse to start on a configuration error, before binding or forking a worker (a
+    worker that failed on it would be one traceback per worker). Then start each
+    deployment with an empty prometheus multiprocess directory: files left by an earlier
+    run would be summed into /metrics. The directory itself may be a mount point (an
+    emptyDir), so its contents are removed, not the directory.
     """
+    found = check_configuration()
+    if found:
+        if server.pidfile is not None:
+            server.pidfile.unlink()
+        raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))
     directory = _prometheus_dir()
     if directory is None:
         return

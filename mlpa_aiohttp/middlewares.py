@@ -54,7 +54,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         method=request.method,
         route=route,
         service_type=headers.get("service-type", "N/A"),
-        purpose=headers.get("purpose", "N/A"),
+        purpose=headers.get("purpose", "").strip() or "-",  # the spelling the handlers use
         session_id=headers.get("session-id", "N/A"),
         user_agent=headers.get("user-agent", "N/A"),
     )

@@ -1,8 +1,8 @@
 """Configuration: one frozen dataclass per section, read once from an environ mapping.
 
 `Settings.from_environ(os.environ)` is called by the entry points only; tests build
-settings from a plain dict. Every invalid value fails at startup with a `SettingsError`
-naming the variable. Secrets are `repr=False`, so a logged settings object never shows them.
+settings from a plain dict. Invalid values fail at startup with one `SettingsError` that
+lists every problem found (each naming its variable), so one restart shows them all. Secrets are `repr=False`, so a logged settings object never shows them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from .catalog import DEFAULT_BUDGETS, BudgetTier, ServiceType
 
@@ -33,7 +33,11 @@ T = TypeVar("T")
 
 
 class SettingsError(ValueError):
-    """A configuration value is missing or invalid; the message names the variable."""
+    """Configuration values are missing or invalid; `problems` has one line per variable."""
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems: tuple[str, ...] = (problems,) if isinstance(problems, str) else tuple(problems)
+        super().__init__("; ".join(self.problems))
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -46,6 +50,12 @@ class _Env:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._values = {k.upper(): v for k, v in environ.items()}
         self.names_read: set[str] = set()
+        # Every invalid value is recorded and replaced by its default, so that reading
+        # goes on and one error can list them all (`Settings._read` raises it).
+        self.problems: list[str] = []
+
+    def problem(self, message: str) -> None:
+        self.problems.append(message)
 
     def raw(self, name: str) -> str | None:
         self.names_read.add(name)
@@ -66,7 +76,8 @@ class _Env:
         try:
             return parse(value.strip())
         except (ValueError, TypeError):
-            raise SettingsError(f"{name}: expected {kind}, got {value!r}") from None
+            self.problem(f"{name}: expected {kind}, got {value!r}")
+            return default
 
     def bool(self, name: str, default: bool) -> bool:
         def parse(value: str) -> bool:
@@ -82,15 +93,18 @@ class _Env:
     def int(self, name: str, default: int, *, minimum: int | None = None) -> int:
         value = self._parse(name, default, "an integer", int)
         if minimum is not None and value < minimum:
-            raise SettingsError(f"{name}: must be at least {minimum}, got {value}")
+            self.problem(f"{name}: must be at least {minimum}, got {value}")
+            return default
         return value
 
     def float(self, name: str, default: float, *, minimum: float | None = None) -> float:
         value = self._parse(name, default, "a number", float)
         if not math.isfinite(value):
-            raise SettingsError(f"{name}: must be a finite number, got {value}")
+            self.problem(f"{name}: must be a finite number, got {value}")
+            return default
         if minimum is not None and value < minimum:
-            raise SettingsError(f"{name}: must be at least {minimum}, got {value}")
+            self.problem(f"{name}: must be at least {minimum}, got {value}")
+            return default
         return value
 
     def str_set(self, name: str, default: frozenset[str]) -> frozenset[str]:
@@ -110,7 +124,8 @@ class _Env:
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         value = self.str(name, default).lower()
         if value not in choices:
-            raise SettingsError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+            self.problem(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+            return default
         return value
 
 
@@ -306,6 +321,8 @@ class Settings:
         )
         if check_secrets and not (debug or demo):
             _refuse_default_secrets(env)
+        if env.problems:
+            raise SettingsError(env.problems)
         return settings
 
 
@@ -378,7 +395,8 @@ def _signup_cap(env: _Env) -> SignupCapSettings:
     for name in names:
         st = ServiceType.parse(name)
         if st is None:
-            raise SettingsError(f"MLPA_CAPPED_SERVICE_TYPES: unknown service type {name!r}")
+            env.problem(f"MLPA_CAPPED_SERVICE_TYPES: unknown service type {name!r}")
+            continue
         capped.add(st)
     return SignupCapSettings(
         enforce=env.bool("MLPA_ENFORCE_SIGNIN_CAP", False),
@@ -417,17 +435,22 @@ _EMPTY_ALLOWED = frozenset({"MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN"})
 
 
 def _refuse_default_secrets(env: _Env) -> None:
+    """The secret rules (README "Secrets"), every broken one reported."""
     for name, default in DEFAULT_SECRETS.items():
         value = env.raw(name)
         value = None if value is None else value.strip()
         if value is None or value == default or (value == "" and name not in _EMPTY_ALLOWED):
-            raise SettingsError(
-                f"{name}: still the documented default; set a real secret "
+            state = "not set" if value is None else ("empty" if value == "" else "still the documented default")
+            rule = f", at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes" if name == "MLPA_ACCESS_TOKEN_SECRET" else ""
+            env.problem(
+                f"{name}: {state}; set a real secret{rule} "
                 "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"
             )
-    secret = (env.raw("MLPA_ACCESS_TOKEN_SECRET") or "").strip()
-    if len(secret.encode()) < _MIN_ACCESS_TOKEN_SECRET_BYTES:
-        raise SettingsError(f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes")
+        elif name == "MLPA_ACCESS_TOKEN_SECRET" and len(value.encode()) < _MIN_ACCESS_TOKEN_SECRET_BYTES:
+            env.problem(
+                f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes"
+                f" (HS256 key), got {len(value.encode())}"
+            )
 
 
 def variable_names() -> frozenset[str]:

@@ -7,9 +7,11 @@ secrets wherever they appear in an event (decision 17).
 
 from __future__ import annotations
 
+import datetime
+import json as jsonlib
 import logging
 import sys
-from typing import Any, MutableMapping
+from typing import Any, MutableMapping, Sequence, TextIO
 
 import structlog
 
@@ -65,30 +67,68 @@ def _shared_processors() -> list[Any]:
     ]
 
 
+# What a person scans first on a console line, in this order, after level and event.
+LEADING_KEYS = ("method", "path", "status", "duration_ms")
+_LEVEL_COLOURS = {"DEBUG": "\x1b[2m", "WARNING": "\x1b[33m", "ERROR": "\x1b[31m", "CRITICAL": "\x1b[1;31m"}
+
+
+class ConsoleLine:
+    """`LEVEL event  GET /path 200 12.3ms  key=value ...`: the leading fields bare, every
+    other field after them in the order it was bound, a traceback on the lines below."""
+
+    def __init__(self, *, colours: bool = False) -> None:
+        self._colours = colours
+
+    def __call__(self, _: Any, __: str, event: MutableMapping[str, Any]) -> str:
+        level = str(event.pop("level", "info")).upper()
+        message = str(event.pop("event", ""))
+        below = [str(text) for text in (event.pop("stack", None), event.pop("exception", None)) if text]
+        lead = []
+        for key in LEADING_KEYS:
+            if key in event:
+                value = event.pop(key)
+                lead.append(f"{value}ms" if key == "duration_ms" else str(value))
+        rest = " ".join(f"{key}={_console_value(value)}" for key, value in event.items())
+        shown_level = f"{level:<8}"
+        if self._colours and level in _LEVEL_COLOURS:
+            shown_level = f"{_LEVEL_COLOURS[level]}{shown_level}\x1b[0m"
+        line = " ".join(part for part in (shown_level, message, " ".join(lead)) if part)
+        if rest:
+            line = f"{line}  {rest}"
+        return "\n".join([line, *below])
+
+
+def _console_value(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if text and " " not in text else repr(text)
+
+
+def stdlib_formatter(json: bool = False, colours: bool = False) -> logging.Formatter:
+    """The formatter of every line, for the standard-library handler. gunicorn's master
+    builds it from `logconfig_dict` (config/gunicorn.conf.py); the entry points through
+    `configure_logging`."""
+    renderer: Any = structlog.processors.JSONRenderer() if json else ConsoleLine(colours=colours)
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=_shared_processors(),
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+    )
+
+
 def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
     """Process-wide logging setup; called by the entry points, never by `create_app`."""
-    shared = _shared_processors()
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if json
-        else structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())
-    )
-    formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info if json else structlog.processors.StackInfoRenderer(),
-            renderer,
-        ],
-    )
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(formatter)
+    handler.setFormatter(stdlib_formatter(json=json, colours=not json and sys.stdout.isatty()))
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
@@ -99,3 +139,31 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
         gunicorn_logger = logging.getLogger(name)
         gunicorn_logger.handlers = []
         gunicorn_logger.propagate = True
+
+
+def log_startup_failure(
+    event: str, problems: Sequence[str], *, exit_code: int, hint: str, json: bool, stream: TextIO | None = None
+) -> None:
+    """One message for a process that cannot start: every problem, the exit status and
+    what to do, without a traceback. Written directly (it may run before
+    `configure_logging`, or in gunicorn's master) in the shape of every other line."""
+    out = stream if stream is not None else sys.stderr
+    if json:
+        record = {
+            "event": event,
+            "problems": list(problems),
+            "exit_code": exit_code,
+            "hint": hint,
+            "level": "critical",
+            "logger": "mlpa_aiohttp.startup",
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
+        }
+        text = jsonlib.dumps(record)
+    elif len(problems) == 1:
+        text = f"{'CRITICAL':<8} {event}: {problems[0]} (exit status {exit_code}; {hint})"
+    else:
+        lines = [f"{'CRITICAL':<8} {event}: {len(problems)} problems, exit status {exit_code}"]
+        lines += [f"  - {problem}" for problem in problems]
+        lines.append(f"  {hint}")
+        text = "\n".join(lines)
+    print(text, file=out, flush=True)

@@ -1,15 +1,19 @@
 """`GET /openapi.json` and Swagger UI at `GET /api/docs` (spec §1.10).
 
-Swagger UI's files come from the `swagger-ui-bundle` package and are served by this app
-under `/api/docs/static/`, so the docs page loads nothing from a CDN.
+The document is OpenAPI 3.1, which Swagger UI reads from 5.0 on. Its files come from the
+`flask-swagger-ui` wheel, whose version follows Swagger UI's own releases (the older
+`swagger-ui-bundle` stopped at 4.15, which cannot read 3.1). Only the wheel's `dist/`
+folder is used: it is located without importing the package, so Flask is never loaded.
+This app serves those files under `/api/docs/static/`, so the page needs no CDN.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 from aiohttp import web
-from swagger_ui_bundle import swagger_ui_path
 
 from .. import keys
 from ..openapi import build_document
@@ -18,6 +22,8 @@ DOCS_PATH = "/api/docs"
 STATIC_PREFIX = "/api/docs/static"
 OPENAPI_PATH = "/openapi.json"
 
+# The inline script is ours; `validatorUrl: null` keeps Swagger UI from asking the public
+# validator about the document (the page then loads nothing but this app's own URLs).
 _SWAGGER_PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -35,12 +41,21 @@ _SWAGGER_PAGE = """<!DOCTYPE html>
       url: "{openapi}",
       dom_id: "#swagger-ui",
       presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
-      layout: "StandaloneLayout"
+      layout: "StandaloneLayout",
+      validatorUrl: null
     }});
   </script>
 </body>
 </html>
 """
+
+
+def swagger_ui_dist() -> Path:
+    """The folder of Swagger UI's built files inside the installed `flask-swagger-ui`."""
+    spec = importlib.util.find_spec("flask_swagger_ui")  # finds it without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("flask-swagger-ui is not installed; it provides the files of /api/docs")
+    return Path(next(iter(spec.submodule_search_locations))) / "dist"
 
 
 def setup_docs_routes(app: web.Application) -> None:
@@ -57,4 +72,4 @@ def setup_docs_routes(app: web.Application) -> None:
 
     app.router.add_get(OPENAPI_PATH, openapi_json)
     app.router.add_get(DOCS_PATH, swagger_ui)
-    app.router.add_static(STATIC_PREFIX, swagger_ui_path)
+    app.router.add_static(STATIC_PREFIX, swagger_ui_dist())

@@ -16,6 +16,8 @@ from ..observability.metrics import exposition
 
 log = structlog.get_logger(__name__)
 
+MEMORY_STORE_STATE = "not used (MLPA_STORE=memory)"
+
 
 async def liveness(request: web.Request) -> web.Response:
     """No I/O: 200 while the event loop runs."""
@@ -39,10 +41,15 @@ async def readiness(request: web.Request) -> web.Response:
     else:
         litellm_body["status"] = "unreachable"
     ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down
+    if app[keys.STORE].backend == "memory":
+        # No database behind the in-memory store (the demo): say so rather than "connected".
+        db_states = {name: MEMORY_STORE_STATE for name in databases}
+    else:
+        db_states = {name: "connected" if ok else "offline" for name, ok in databases.items()}
     body = {
         "status": "connected" if ready else "degraded",
         "mlpa_version": __version__,
-        "pg_server_dbs": {name: "connected" if ok else "offline" for name, ok in databases.items()},
+        "pg_server_dbs": db_states,
         "litellm": litellm_body,
     }
     return web.json_response(body, status=200 if ready else 503)

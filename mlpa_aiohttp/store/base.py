@@ -86,6 +86,9 @@ class UserStore(Protocol):
     async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None: ...
 
     # -- health --------------------------------------------------------------------
+    # "postgres" or "memory": readiness reports the databases only where they are used.
+    backend: str
+
     async def ping(self) -> dict[str, bool]:
         """Reachability per database, e.g. {"postgres": True, "app_attest": True}."""
         ...

@@ -21,6 +21,8 @@ def _now() -> datetime:
 
 
 class MemoryUserStore:
+    backend = "memory"
+
     def __init__(self, customers: CustomerCreator) -> None:
         self._customers = customers
         self._users: dict[str, dict[str, Any]] = {}

@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
-import logging
-import sys
+import os
 from dataclasses import dataclass
 
 import asyncpg
+import structlog
 
 from ..settings import PostgresSettings, Settings
+from ..startup import EXIT_UNAVAILABLE, report_unavailable
 from .base import StoreUnavailable
 from .capacity import seed_capacity_row
 from .pools import CONNECT_TIMEOUT_S, DATABASE_ERRORS, DatabaseConnectError, db_errors
 
-log = logging.getLogger(__name__)
+log = structlog.get_logger(__name__)
 
 MAINTENANCE_DB = "postgres"
 # Arbitrary but fixed: every migrate run of this application contends for this key.
@@ -110,7 +111,7 @@ async def _adopt_alembic(conn: asyncpg.Connection, known: list[Migration]) -> No
         return
     versions = [m.version for m in known if m.version <= last]
     await conn.executemany("INSERT INTO schema_migrations (version) VALUES ($1)", [(v,) for v in versions])
-    log.info("adopted Alembic revision %s as %s", revision, last)
+    log.info("alembic_revision_adopted", revision=revision, as_version=last)
 
 
 async def apply_migrations(conn: asyncpg.Connection, migrations: list[Migration]) -> list[str]:
@@ -132,7 +133,7 @@ async def apply_migrations(conn: asyncpg.Connection, migrations: list[Migration]
                 await conn.execute(migration.sql)
                 await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", migration.version)
             applied_now.append(migration.version)
-            log.info("applied migration %s", migration.version)
+            log.info("migration_applied", version=migration.version)
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
     return applied_now
@@ -142,7 +143,7 @@ async def migrate(settings: Settings) -> list[str]:
     """Bring the app database up to date; returns the versions applied by this run."""
     pg = settings.postgres
     if await create_database_if_missing(pg, pg.app_attest_db_name):
-        log.info("created database %s", pg.app_attest_db_name)
+        log.info("database_created", database=pg.app_attest_db_name)
     conn = await _connect(pg, pg.app_attest_db_name)
     try:
         with db_errors("migrate"):
@@ -155,17 +156,22 @@ async def migrate(settings: Settings) -> list[str]:
 
 
 def migrate_command(settings: Settings) -> int:
-    """CLI body of `migrate`: prints what it did; exit status 1 on database errors."""
+    """CLI body of `migrate`: one log line per migration applied and one summary (in the
+    log format, JSON with LOG_JSON=true); exit status 69 when PostgreSQL fails."""
+    pg = settings.postgres
     try:
         applied = asyncio.run(migrate(settings))
     except StoreUnavailable as exc:
-        print(f"migrate failed: {exc}", file=sys.stderr)
-        return 1
-    pg = settings.postgres
-    for version in applied:
-        print(f"applied {version}")
-    print(
-        f"database {pg.app_attest_db_name!r} at {pg.host}:{pg.port} is up to date"
-        f" ({len(applied)} applied); max_signed_in_users={settings.signup_cap.max_signed_in_users}"
+        hint = (
+            "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; "
+            f"the user needs CREATEDB to create {pg.app_attest_db_name!r}"
+        )
+        return report_unavailable("database", exc, os.environ, hint=hint, exit_code=EXIT_UNAVAILABLE)
+    log.info(
+        "migrate_done",
+        database=pg.app_attest_db_name,
+        server=f"{pg.host}:{pg.port}",
+        applied=len(applied),
+        max_signed_in_users=settings.signup_cap.max_signed_in_users,
     )
     return 0

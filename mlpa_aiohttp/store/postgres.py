@@ -77,6 +77,8 @@ def end_user(row: asyncpg.Record) -> EndUser:
 
 
 class PostgresUserStore:
+    backend = "postgres"
+
     def __init__(
         self,
         pools: Pools,

@@ -20,6 +20,8 @@ from gunicorn.config import Config as GunicornConfig
 
 from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings, SettingsError, variable_names
 
+from ..conftest import TEST_SECRETS
+
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN_CONF = ROOT / "config" / "gunicorn.conf.py"
 MANIFEST_DIR = ROOT / "config" / "kubernetes"
@@ -201,7 +203,7 @@ def test_gunicorn_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     conf = load_gunicorn_conf(monkeypatch, {})
     assert conf["bind"] == ["0.0.0.0:8080"]
     assert conf["workers"] == 1
-    assert conf["worker_class"] == "aiohttp.GunicornUVLoopWebWorker"
+    assert conf["worker_class"] == "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"
     assert conf["keepalive"] == 75
     assert conf["accesslog"] is None
     defaults = Settings()
@@ -217,14 +219,14 @@ def test_gunicorn_accepts_every_setting(monkeypatch: pytest.MonkeyPatch) -> None
         config.set(name, conf[name])  # gunicorn's own validators
     assert {"bind", "workers", "worker_class", "keepalive", "graceful_timeout", "timeout",
             "logconfig_dict", "on_starting", "post_worker_init", "child_exit", "accesslog"} <= applied
-    assert config.worker_class_str == "aiohttp.GunicornUVLoopWebWorker"
+    assert config.worker_class_str == "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"
 
 
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"GUNICORN_WORKER_CLASS": "uvloop"}, {"worker_class": "aiohttp.GunicornUVLoopWebWorker"}),
-        ({"GUNICORN_WORKER_CLASS": "ASYNCIO"}, {"worker_class": "aiohttp.GunicornWebWorker"}),
+        ({"GUNICORN_WORKER_CLASS": "uvloop"}, {"worker_class": "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"}),
+        ({"GUNICORN_WORKER_CLASS": "ASYNCIO"}, {"worker_class": "mlpa_aiohttp.gunicorn_worker.ServiceWorker"}),
         ({"WEB_CONCURRENCY": "3"}, {"workers": 3}),
         ({"WEB_CONCURRENCY": "3", "GUNICORN_WORKERS": "2"}, {"workers": 2}),
         ({"PORT": "9000"}, {"bind": ["0.0.0.0:9000"]}),
@@ -252,8 +254,11 @@ def test_gunicorn_environment_switches(
     ],
 )
 def test_gunicorn_refuses_bad_values(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str) -> None:
-    with pytest.raises(RuntimeError, match=message):
-        load_gunicorn_conf(monkeypatch, env)
+    # Collected, then reported with the app's own problems before gunicorn binds
+    # (on_starting; tests/e2e/test_startup_errors.py runs it).
+    conf = load_gunicorn_conf(monkeypatch, env)
+    assert [problem for problem in conf["problems"] if problem.startswith(f"{message}:")], conf["problems"]
+    assert any(problem.startswith(f"{message}:") for problem in conf["check_configuration"]())
 
 
 @pytest.mark.parametrize("drain", [0.0, 0.5, 19.99, 20.0, 45.0, 300.0])
@@ -265,6 +270,8 @@ def test_graceful_timeout_leaves_room_for_the_drain(monkeypatch: pytest.MonkeyPa
 
 
 class FakeArbiter:
+    pidfile = None
+
     class log:  # noqa: N801 - stands in for gunicorn's logger object
         @staticmethod
         def info(*args: Any) -> None:
@@ -281,7 +288,7 @@ def test_prometheus_directory_is_emptied_at_start(monkeypatch: pytest.MonkeyPatc
     (directory / "nested").mkdir(parents=True)
     (directory / "counter_123.db").write_bytes(b"stale")
     (directory / "nested" / "file").write_bytes(b"stale")
-    conf = load_gunicorn_conf(monkeypatch, {"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+    conf = load_gunicorn_conf(monkeypatch, {**TEST_SECRETS, "PROMETHEUS_MULTIPROC_DIR": str(directory)})
     conf["on_starting"](FakeArbiter())
     assert directory.is_dir()  # kept: it may be a mount point
     assert list(directory.iterdir()) == []
@@ -289,9 +296,22 @@ def test_prometheus_directory_is_emptied_at_start(monkeypatch: pytest.MonkeyPatc
 
 def test_prometheus_directory_created_when_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     directory = tmp_path / "absent" / "prometheus"
-    conf = load_gunicorn_conf(monkeypatch, {"PROMETHEUS_MULTIPROC_DIR": str(directory)})
+    conf = load_gunicorn_conf(monkeypatch, {**TEST_SECRETS, "PROMETHEUS_MULTIPROC_DIR": str(directory)})
     conf["on_starting"](FakeArbiter())
     assert directory.is_dir()
+
+
+def test_on_starting_refuses_a_configuration_error_before_binding(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = load_gunicorn_conf(monkeypatch, {"GUNICORN_WORKERS": "two", "MASTER_KEY": "sk-default"})
+    with pytest.raises(SystemExit) as stopped:
+        conf["on_starting"](FakeArbiter())
+    assert stopped.value.code == 78
+    message = capsys.readouterr().err
+    for name in ("GUNICORN_WORKERS", "MASTER_KEY", "MLPA_VIRTUAL_KEY", "MLPA_ACCESS_TOKEN_SECRET"):
+        assert name in message
+    assert "Traceback" not in message
 
 
 def test_dead_worker_live_gauges_are_dropped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -303,7 +323,7 @@ def test_dead_worker_live_gauges_are_dropped(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_prometheus_hooks_do_nothing_without_the_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    conf = load_gunicorn_conf(monkeypatch, {})
+    conf = load_gunicorn_conf(monkeypatch, dict(TEST_SECRETS))
     conf["on_starting"](FakeArbiter())
     conf["child_exit"](FakeArbiter(), FakeWorker(1))
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from mlpa_aiohttp import __version__, keys
 from mlpa_aiohttp.app import create_app
+from mlpa_aiohttp.routes.health import MEMORY_STORE_STATE
 
 from ..conftest import Service, ServiceFactory, make_settings
 
@@ -19,7 +20,10 @@ READY_LITELLM = {"status": "healthy", "db": "connected"}
 
 
 class ControllableStore:
-    """The app's real store, with a database ping the test controls."""
+    """The app's real store, with a database ping the test controls (it stands in for the
+    PostgreSQL store, so readiness reports its databases)."""
+
+    backend = "postgres"
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -101,7 +105,8 @@ async def test_readiness_connected_when_everything_is_ready(service: Service) ->
     assert body == {
         "status": "connected",
         "mlpa_version": __version__,
-        "pg_server_dbs": {"postgres": "connected", "app_attest": "connected"},
+        # The plain `service` keeps its users in memory: no database to report on.
+        "pg_server_dbs": {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE},
         # The version comes from /public/model_hub/info; LiteLLM's readiness JSON follows it.
         "litellm": {"litellm_version": "1.99.0", "status": "healthy", "db": "connected"},
     }
@@ -149,7 +154,7 @@ async def test_litellm_not_ready_is_degraded_with_its_body(service: Service, lit
     status, body = await readiness(service)
     assert status == 503
     assert body["status"] == "degraded"
-    assert body["pg_server_dbs"] == {"postgres": "connected", "app_attest": "connected"}
+    assert body["pg_server_dbs"] == {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE}
     assert body["litellm"] == {"litellm_version": service.litellm.litellm_version, **litellm_body}
 
 
