@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fake.add_argument("--chunks", type=int, default=30, help="content chunks per stream")
     fake.add_argument("--interval", type=float, default=0.05, help="seconds between chunks")
     commands.add_parser("migrate", help="create/upgrade the app database and seed the capacity row")
+    _add_stack_command(commands)
     args = parser.parse_args(argv)
 
     try:
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
         if args.command == "migrate":
             return _migrate()
+        if args.command == "stack":
+            return args.run(args)
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
@@ -72,6 +75,16 @@ def _migrate() -> int:
     settings = Settings.from_environ(os.environ, check_secrets=False)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     return migrate_command(settings)
+
+
+def _add_stack_command(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from .testing.stack import configure_parser, stack_command
+
+    stack = commands.add_parser(
+        "stack", help="DEVELOPMENT: fake LiteLLM (end users in PostgreSQL) and fake FxA; prints keys, env, a token"
+    )
+    configure_parser(stack)
+    stack.set_defaults(run=stack_command)
 
 
 async def _wait_for_signal() -> None:

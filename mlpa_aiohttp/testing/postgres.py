@@ -27,7 +27,8 @@ from types import TracebackType
 import asyncpg
 
 from ..settings import PostgresSettings, Settings
-from ..store.migrate import MAINTENANCE_DB, migrate, quote_ident
+from ..store.migrate import migrate
+from .litellm_schema import create_litellm_dev_schema
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
@@ -38,34 +39,6 @@ BIN_DIR_CANDIDATES = (
 UNPRIVILEGED_USERS = ("postgres", "nobody")
 SUPERUSER = "mlpa_test"
 PASSWORD = "mlpa-test-password"
-
-# The columns of LiteLLM's tables that MLPA reads or writes (LiteLLM owns the real DDL).
-LITELLM_SCHEMA = """
-CREATE TABLE IF NOT EXISTS "LiteLLM_BudgetTable" (
-    budget_id TEXT PRIMARY KEY,
-    max_budget DOUBLE PRECISION,
-    soft_budget DOUBLE PRECISION,
-    max_parallel_requests INTEGER,
-    tpm_limit BIGINT,
-    rpm_limit BIGINT,
-    model_max_budget JSONB,
-    budget_duration TEXT,
-    budget_reset_at TIMESTAMPTZ,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
-    created_by TEXT,
-    updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
-    updated_by TEXT
-);
-CREATE TABLE IF NOT EXISTS "LiteLLM_EndUserTable" (
-    user_id TEXT PRIMARY KEY,
-    alias TEXT,
-    spend DOUBLE PRECISION NOT NULL DEFAULT 0,
-    allowed_model_region TEXT,
-    default_model TEXT,
-    budget_id TEXT,
-    blocked BOOLEAN NOT NULL DEFAULT false
-);
-"""
 
 LITELLM_TABLES = ('"LiteLLM_EndUserTable"', '"LiteLLM_BudgetTable"')
 APP_TABLES = ("challenges", "public_keys", "mlpa_user_capacity", "mlpa_user_capacity_identities")
@@ -218,28 +191,9 @@ def _user_exists(name: str) -> bool:
 # -- databases ---------------------------------------------------------------------
 
 
-async def create_litellm_database(pg: PostgresSettings) -> None:
-    """The `litellm` database with the two LiteLLM tables MLPA touches."""
-    admin = await asyncpg.connect(
-        host=pg.host, port=pg.port, user=pg.username, password=pg.password, database=MAINTENANCE_DB
-    )
-    try:
-        if not await admin.fetchval("SELECT true FROM pg_database WHERE datname = $1", pg.litellm_db_name):
-            await admin.execute(f"CREATE DATABASE {quote_ident(pg.litellm_db_name)}")
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(
-        host=pg.host, port=pg.port, user=pg.username, password=pg.password, database=pg.litellm_db_name
-    )
-    try:
-        await conn.execute(LITELLM_SCHEMA)
-    finally:
-        await conn.close()
-
-
 async def prepare_databases(pg: PostgresSettings, *, max_signed_in_users: int = 1_000_000) -> list[str]:
     """LiteLLM's schema plus the app migrations; returns the migrations applied."""
-    await create_litellm_database(pg)
+    await create_litellm_dev_schema(pg)
     settings = Settings(postgres=pg)
     settings = replace(settings, signup_cap=replace(settings.signup_cap, max_signed_in_users=max_signed_in_users))
     return await migrate(settings)
