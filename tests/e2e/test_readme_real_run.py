@@ -25,7 +25,7 @@ from mlpa_aiohttp.settings import variable_names
 from mlpa_aiohttp.testing.fake_litellm import completion_text
 from mlpa_aiohttp.testing.postgres import ThrowawayPostgres, free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = pytest.mark.e2e
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION_HEADING = "## Running it for real"
@@ -105,6 +105,7 @@ def test_readme_sections_terminals_are_parsed() -> None:
     assert first_command.startswith(terminals["install"].strip() + " && ")
 
 
+@pytest.mark.postgres
 def test_readme_real_run_streams_through_gunicorn_and_postgres(
     clone_dir: Path, newcomer_postgres: ThrowawayPostgres, tmp_path: Path
 ) -> None:

@@ -29,11 +29,12 @@ from mlpa_aiohttp.store.postgres import PostgresUserStore
 from .conftest import insert_user
 from .test_admin_routes import UI_KEY, admin_app, admin_settings
 
-pytestmark = pytest.mark.postgres
-
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")) if p), None
 )
+NO_CHROMIUM = "Chromium is not installed (Debian: apt-get install chromium); CI installs it"
+# Decided before any fixture runs: without Chromium nothing here starts (PostgreSQL included).
+pytestmark = [pytest.mark.postgres, pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -119,7 +120,7 @@ RENDERED = """(() => {
 @pytest.fixture
 async def page() -> AsyncIterator[Page]:
     if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); CI installs it")
+        pytest.skip(NO_CHROMIUM)
     profile = tempfile.mkdtemp(prefix="mlpa-chromium-")
     # Own process group: Chromium's helper processes go down with it.
     process = await asyncio.create_subprocess_exec(
