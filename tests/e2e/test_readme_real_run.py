@@ -32,8 +32,10 @@ SECTION_HEADING = "## Running it for real"
 TERMINALS = ("install", "superuser", "terminal-1", "terminal-2", "terminal-3")
 BLOCK = re.compile(r"^```sh (?P<terminal>[a-z0-9-]+)\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
 STACK_CHUNKS = 20
-# A warning or error line in either log format (structlog console, gunicorn's own).
-PROBLEM_LINE = re.compile(r"\[(warning|error|critical)\s*\]|\b(WARNING|ERROR|CRITICAL)\b")  # the stack's fake LiteLLM streams this many content chunks
+# A warning or error line in any log format (structlog console or JSON, gunicorn's own).
+PROBLEM_LINE = re.compile(
+    r"\[(warning|error|critical)\s*\]|\"level\":\s*\"(warning|error|critical)\"|\b(WARNING|ERROR|CRITICAL)\b"
+)  # the stack's fake LiteLLM streams this many content chunks
 
 
 def readme_terminals(readme: str) -> dict[str, str]:
