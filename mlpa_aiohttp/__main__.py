@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlpa-aiohttp {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate):
+    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate, _add_stack):
         add(commands)
     return parser
 
@@ -196,6 +196,16 @@ def _run_demo(args: argparse.Namespace) -> int:
         return uvloop.run(_demo(port, checked.server.log_level))
     except OSError as error:
         return _cannot_listen(error, "127.0.0.1", port, os.environ)
+
+
+def _add_stack(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from .testing.stack import configure_parser, stack_command
+
+    stack = commands.add_parser(
+        "stack", help="DEVELOPMENT: fake LiteLLM (end users in PostgreSQL) and fake FxA; prints keys, env, a token"
+    )
+    configure_parser(stack)
+    stack.set_defaults(run=stack_command)
 
 
 async def _wait_for_signal() -> None:

@@ -140,4 +140,15 @@ def open_streams(service: Service) -> int:
     return len(service.app[keys.STREAMS])
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that reaches the session's PostgreSQL must say so: `-m "not postgres"` relies on it."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "pg_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("postgres") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("these tests use PostgreSQL but lack @pytest.mark.postgres:\n  " + "\n  ".join(unmarked))
+
+
 logging.getLogger("asyncio").setLevel(logging.WARNING)

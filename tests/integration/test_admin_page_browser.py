@@ -29,11 +29,14 @@ from mlpa_aiohttp.store.postgres import PostgresUserStore
 from .conftest import insert_user
 from .test_admin_routes import UI_KEY, admin_app, admin_settings
 
-pytestmark = pytest.mark.postgres
-
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")) if p), None
 )
+if CHROMIUM is None:
+    # One line for the module, decided before any fixture (PostgreSQL included) starts.
+    pytest.skip("Chromium is not installed (Debian: apt-get install chromium); CI installs it", allow_module_level=True)
+
+pytestmark = pytest.mark.postgres
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -118,8 +121,7 @@ RENDERED = """(() => {
 
 @pytest.fixture
 async def page() -> AsyncIterator[Page]:
-    if CHROMIUM is None:
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); CI installs it")
+    assert CHROMIUM is not None
     profile = tempfile.mkdtemp(prefix="mlpa-chromium-")
     # Own process group: Chromium's helper processes go down with it.
     process = await asyncio.create_subprocess_exec(

@@ -8,10 +8,13 @@ import subprocess
 import sys
 
 import asyncpg
+import pytest
 
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.migrate import load_migrations
 from mlpa_aiohttp.store.pools import Pools
+
+pytestmark = pytest.mark.postgres
 
 
 def run_migrate(pg: PostgresSettings, database: str, **extra: str) -> subprocess.CompletedProcess[str]:

@@ -16,6 +16,8 @@ from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, Throwaway
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
 
+pytestmark = pytest.mark.postgres
+
 
 def database_environ(pg: PostgresSettings) -> dict[str, str]:
     return {

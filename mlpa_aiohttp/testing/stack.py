@@ -1,0 +1,171 @@
+"""`python -m mlpa_aiohttp stack`: DEVELOPMENT ONLY - everything around the service, faked.
+
+Starts, on loopback:
+
+* the fake LiteLLM, with fresh random keys, writing the end users it creates into
+  `"LiteLLM_EndUserTable"` of the PostgreSQL database the `DB_*` / `LITELLM_DB_NAME`
+  variables name (the two LiteLLM tables are created there first, as a real LiteLLM creates
+  its own at start; a database a real LiteLLM has migrated is refused);
+* the fake Firefox Accounts server, and mints an FxA access token with its signing key.
+
+Then prints the keys, the token and the `export` lines the service needs (also written to
+`--env-file`, mode 0600, removed again when the stack stops: the keys die with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import asyncpg
+from aiohttp import web
+
+from ..observability.logging import configure_logging
+from ..settings import PostgresSettings, Settings
+from .fake_fxa import API_PREFIX, FakeFxA
+from .fake_litellm import FakeLiteLLM
+from .litellm_schema import EndUserTable, RealLiteLLMDatabase, create_litellm_dev_schema
+
+# Not a service variable: the FxA access token for the newcomer's curl.
+TOKEN_VARIABLE = "FXA_TOKEN"
+CHAT_BODY = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
+BANNER = (
+    "DEVELOPMENT ONLY: fake LiteLLM and fake Firefox Accounts with throwaway keys; LiteLLM's "
+    "end-user and budget tables are development stand-ins. Never point this at production."
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n", 1)[1] if __doc__ else None
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "reads DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME "
+        "(defaults as for the service); the role needs CREATEDB when the database is missing"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="where the fakes listen (default 127.0.0.1)")
+    parser.add_argument("--litellm-port", type=int, default=0, help="fake LiteLLM port (default: any free port)")
+    parser.add_argument("--fxa-port", type=int, default=0, help="fake FxA port (default: any free port)")
+    parser.add_argument("--env-file", type=Path, help="also write the export lines here (mode 0600)")
+    parser.add_argument("--uid", default="newcomer", help="FxA user id of the minted token (default newcomer)")
+    parser.add_argument("--token-hours", type=float, default=24.0, help="lifetime of the minted token")
+
+
+def stack_command(args: argparse.Namespace) -> int:
+    settings = Settings.from_environ(os.environ, check_secrets=False)  # only the DB_* part is used
+    configure_logging(level="WARNING", json=False)
+    return asyncio.run(_run(args, settings.postgres))
+
+
+def _exports(values: dict[str, str]) -> str:
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items())
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Written whole under a temporary name, then renamed: a reader never sees half a file.
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(partial, path)
+
+
+async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, int(runner.addresses[0][1])
+
+
+async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
+    print(BANNER, file=sys.stderr, flush=True)
+    where = f"PostgreSQL at {pg.host}:{pg.port} as {pg.username!r}, database {pg.litellm_db_name!r}"
+    try:
+        created = await create_litellm_dev_schema(pg)
+        end_users = await EndUserTable.open(pg)
+    except RealLiteLLMDatabase as exc:
+        print(f"stack: refused: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+        print(
+            f"stack: cannot prepare LiteLLM's tables on {where}: {type(exc).__name__}: {exc}\n"
+            "  (the DB_* variables name the server and role; the role needs CREATEDB, see README"
+            ' "Running it for real")',
+            file=sys.stderr,
+        )
+        return 1
+    print(f"LiteLLM's development tables ready ({'created' if created else 'existing'} database) on {where}")
+
+    fake_litellm = FakeLiteLLM(
+        virtual_key=f"sk-fake-virtual-{secrets.token_hex(12)}",
+        master_key=f"sk-fake-master-{secrets.token_hex(12)}",
+        interval=0.05,
+        chunks=20,
+        customer_sink=end_users.insert,
+        keep_requests=1000,
+    )
+    fake_fxa = FakeFxA(register_demo_token=False)
+    runners: list[web.AppRunner] = []
+    try:
+        litellm_runner, litellm_port = await _start(fake_litellm.make_app(), args.host, args.litellm_port)
+        runners.append(litellm_runner)
+        fxa_runner, fxa_port = await _start(fake_fxa.make_app(), args.host, args.fxa_port)
+        runners.append(fxa_runner)
+        token = fake_fxa.issue_jwt(args.uid, expires_in=args.token_hours * 3600)
+        exports = {
+            "LITELLM_API_BASE": f"http://{args.host}:{litellm_port}",
+            "MLPA_VIRTUAL_KEY": fake_litellm.virtual_key,
+            "MASTER_KEY": fake_litellm.master_key,
+            "FXA_BASE_URL": f"http://{args.host}:{fxa_port}{API_PREFIX}",
+            "MLPA_UI_ACCESS_KEY": f"sk-ui-{secrets.token_hex(12)}",
+            "MLPA_ACCESS_TOKEN_SECRET": secrets.token_urlsafe(48),
+            "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": secrets.token_urlsafe(24),
+            "DB_HOST": pg.host,
+            "DB_PORT": str(pg.port),
+            "DB_USERNAME": pg.username,
+            "DB_PASSWORD": pg.password,
+            "LITELLM_DB_NAME": pg.litellm_db_name,
+            "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
+            TOKEN_VARIABLE: token,
+        }
+        text = _exports(exports)
+        print(f"fake LiteLLM on {exports['LITELLM_API_BASE']}  virtual key {fake_litellm.virtual_key}  master key {fake_litellm.master_key}")
+        print(f"fake FxA on {exports['FXA_BASE_URL']}  access token for uid {args.uid!r} (valid {args.token_hours:g} h) in ${TOKEN_VARIABLE}")
+        print("export these where the service and the client run:")
+        print(text, end="")
+        if args.env_file is not None:
+            _write_private(args.env_file, text)
+            # `.` looks a bare name up on PATH: a relative file needs its ./
+            sourced = str(args.env_file) if args.env_file.is_absolute() else f"./{args.env_file}"
+            print(f"(also written to {args.env_file}: `. {shlex.quote(sourced)}`)")
+        print(
+            "then: gunicorn -c config/gunicorn.conf.py mlpa_aiohttp.app:app_factory, and\n"
+            f'  curl -N http://127.0.0.1:${{PORT:-8080}}/v1/chat/completions -H "authorization: Bearer ${TOKEN_VARIABLE}" '
+            f"-H 'service-type: ai' -H 'content-type: application/json' -d '{CHAT_BODY}'"
+        )
+        print("stack ready; Ctrl-C stops it", flush=True)
+        await _wait_for_signal()
+    finally:
+        if args.env_file is not None:
+            args.env_file.unlink(missing_ok=True)
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await end_users.close()
+    return 0
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
