@@ -64,8 +64,12 @@ def create_app(settings: Settings) -> web.Application:
         },
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = Metrics(CollectorRegistry(auto_describe=True))
+    app[keys.METRICS] = Metrics(
+        CollectorRegistry(auto_describe=True),
+        multiprocess=settings.observability.prometheus_multiproc_dir is not None,
+    )
     app[keys.STREAMS] = StreamTracker()
+    app.cleanup_ctx.append(_worker_gc_metrics_context)
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_auth_context)
@@ -73,6 +77,18 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
     return app
+
+
+async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
+    """Under several workers, each copies its GC statistics for the others' scrapes."""
+    gc_counters = app[keys.METRICS].gc_counters
+    task = asyncio.create_task(gc_counters.run()) if gc_counters is not None else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:

@@ -79,5 +79,5 @@ async def _litellm_version(app: web.Application, timeout: float) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     settings = request.app[keys.SETTINGS]
-    payload = exposition(request.app[keys.METRICS].registry, settings.observability.prometheus_multiproc_dir)
+    payload = exposition(request.app[keys.METRICS], settings.observability.prometheus_multiproc_dir)
     return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
