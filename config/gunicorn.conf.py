@@ -115,7 +115,8 @@ control_socket_disable = True
 # aiohttp never access-logs).
 accesslog = None
 
-loglevel = _env_text("LOG_LEVEL", _DEFAULTS.log_level).lower()
+# LOGURU_LEVEL: the reference's name, read as an alias like the app does (settings_compat).
+loglevel = _env_text("LOG_LEVEL", _env_text("LOGURU_LEVEL", _DEFAULTS.log_level)).lower()
 logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from .app import app_factory, create_app
 from .observability.logging import configure_logging
-from .settings import Settings, SettingsError
+from .settings import Settings, SettingsError, variable_names
+from .settings_compat import warn_about_environment
 
 DEMO_PROMPT = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
 
@@ -71,6 +72,7 @@ def _migrate() -> int:
 
     settings = Settings.from_environ(os.environ, check_secrets=False)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    warn_about_environment(os.environ, variable_names())
     return migrate_command(settings)
 
 

@@ -33,7 +33,8 @@ from .observability.metrics import Metrics
 from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
-from .settings import Settings
+from .settings import Settings, variable_names
+from .settings_compat import warn_about_environment
 from .store.app_attest import (
     ChallengeStore,
     MemoryChallengeStore,
@@ -162,5 +163,6 @@ async def app_factory() -> web.Application:
     """The gunicorn entry point: configuration from the process environment."""
     settings = Settings.from_environ(os.environ)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    warn_about_environment(os.environ, variable_names())
     init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
     return create_app(settings)

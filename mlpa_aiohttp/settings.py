@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, TypeVar
 
 from .catalog import DEFAULT_BUDGETS, BudgetTier, ServiceType
+from .settings_compat import with_reference_aliases
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"
 FXA_STAGE_URL = "https://api-accounts.stage.mozaws.net/v1"
@@ -44,7 +45,8 @@ class _Env:
     """Typed, case-insensitive reads from an environ mapping; errors name the variable."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self._values = {k.upper(): v for k, v in environ.items()}
+        # The reference's renamed variables are read as their new names (settings_compat).
+        self._values = with_reference_aliases({k.upper(): v for k, v in environ.items()})
         self.names_read: set[str] = set()
 
     def raw(self, name: str) -> str | None:
