@@ -32,7 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     fake.add_argument("--ttft", type=float, default=0.2, help="seconds before the first streamed byte")
     fake.add_argument("--chunks", type=int, default=30, help="content chunks per stream")
     fake.add_argument("--interval", type=float, default=0.05, help="seconds between chunks")
-    commands.add_parser("migrate", help="create/upgrade the app database and seed the capacity row")
+    migrate = commands.add_parser("migrate", help="create/upgrade the app database and seed the capacity row")
+    migrate.add_argument(
+        "--skip-role-timeouts",
+        action="store_true",
+        help="leave the database role's statement/idle-in-transaction timeouts alone (role managed elsewhere)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -43,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fake-upstream":
             return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
         if args.command == "migrate":
-            return _migrate()
+            return _migrate(role_timeouts=not args.skip_role_timeouts)
     except SettingsError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
@@ -67,13 +72,13 @@ def _serve() -> int:
     return 0
 
 
-def _migrate() -> int:
+def _migrate(*, role_timeouts: bool) -> int:
     from .store.migrate import migrate_command
 
     settings = Settings.from_environ(os.environ, check_secrets=False)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     warn_about_environment(os.environ, variable_names())
-    return migrate_command(settings)
+    return migrate_command(settings, role_timeouts=role_timeouts)
 
 
 async def _wait_for_signal() -> None:
