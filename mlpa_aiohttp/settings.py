@@ -216,6 +216,8 @@ class AppAttestSettings:
     root_ca_path: str | None = None
     qa_root_ca_path: str | None = None
     bundle_ids: frozenset[str] = frozenset()
+    # Apple's assertion step 5 (app id hash); false only while clients transition.
+    check_assertion_app_id: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,7 @@ class Settings:
                 root_ca_path=env.optional_str("APP_ATTEST_ROOT_CA_PATH"),
                 qa_root_ca_path=env.optional_str("APP_ATTEST_QA_ROOT_CA_PATH"),
                 bundle_ids=env.str_set("APP_ATTEST_BUNDLE_IDS", frozenset()),
+                check_assertion_app_id=env.bool("APP_ATTEST_CHECK_ASSERTION_APP_ID", True),
             ),
             play=PlaySettings(
                 package_name=env.str("PLAY_INTEGRITY_PACKAGE_NAME", "org.mozilla.firefox"),
@@ -429,7 +432,12 @@ def _refuse_default_secrets(env: _Env) -> None:
             )
     secret = (env.raw("MLPA_ACCESS_TOKEN_SECRET") or "").strip()
     if len(secret.encode()) < _MIN_ACCESS_TOKEN_SECRET_BYTES:
-        raise SettingsError(f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes")
+        raise SettingsError(
+            f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes for HS256, got"
+            f" {len(secret.encode())} (the reference accepted shorter ones). A new secret invalidates every"
+            " outstanding access token: Android clients get 401 once and re-run Play Integrity"
+            " (docs/migration.md, 'The access-token secret')"
+        )
 
 
 def variable_names() -> frozenset[str]:

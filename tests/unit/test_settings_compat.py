@@ -120,3 +120,18 @@ def test_a_real_start_logs_each_notice_once_and_never_a_value() -> None:
     assert "secret-looking-value-42" not in done.stdout + done.stderr
     # LOGURU_LEVEL=warning took effect: no INFO line.
     assert not [line for line in lines if line.get("level") == "info"]
+
+
+def test_a_short_access_token_secret_stops_start_up_with_a_clear_message() -> None:
+    """The reference accepted secrets under 32 bytes; a deployment carrying one over learns
+    at start-up what to do and what a new secret costs, and the secret is not printed."""
+    short = "sixteen-byte-key"
+    environ = {"PATH": os.environ["PATH"], "PYTHONPATH": os.getcwd(), **TEST_SECRETS, "MLPA_ACCESS_TOKEN_SECRET": short}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlpa_aiohttp", "serve"], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    message = done.stderr.strip()
+    assert message.startswith("configuration error: MLPA_ACCESS_TOKEN_SECRET: must be at least 32 bytes for HS256, got 16")
+    assert "invalidates every outstanding access token" in message and "docs/migration.md" in message
+    assert short not in done.stdout + done.stderr
