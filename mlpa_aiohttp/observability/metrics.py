@@ -68,6 +68,23 @@ class Metrics:
         self.open_streams = Gauge(
             "mlpa_open_streams", "Streaming completions being relayed", registry=r, multiprocess_mode="livesum"
         )
+        # Signup capacity (spec §3.2), read from the store at scrape time; every worker
+        # reads the same row, so the most recent value is the value.
+        self.signup_capacity_max = Gauge(
+            "mlpa_signup_capacity_max_identities",
+            "Managed identities the signup cap allows",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.signup_capacity_current = Gauge(
+            "mlpa_signup_capacity_current_identities",
+            "Managed identities admitted",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.signup_cap_enforced = Gauge(
+            "mlpa_signup_cap_enforced", "1 when the signup cap is enforced", registry=r, multiprocess_mode="mostrecent"
+        )
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
         self.requests = Counter(
             "mlpa_requests",

@@ -403,3 +403,24 @@ async def test_process_and_gc_series_as_prometheus_client_exposes_them(service: 
     for generation in ("0", "1", "2"):
         assert (("python_gc_collections_total", (("generation", generation),))) in samples
     assert {"python_gc_objects_collected_total", "python_gc_objects_uncollectable_total", "python_info"} <= names
+
+
+async def test_signup_capacity_gauges_are_read_at_scrape_time(make_service: ServiceFactory) -> None:
+    service = await make_service(MLPA_ENFORCE_SIGNIN_CAP="true", MLPA_MAX_SIGNED_IN_USERS="5")
+
+    async def scraped() -> dict[str, float]:
+        response = await service.client.get("/metrics")
+        return {
+            s.name: s.value
+            for family in text_string_to_metric_families(await response.text())
+            for s in family.samples
+            if s.name.startswith(("mlpa_signup_capacity", "mlpa_signup_cap_"))
+        }
+
+    assert await scraped() == {
+        "mlpa_signup_capacity_max_identities": 5.0,
+        "mlpa_signup_capacity_current_identities": 0.0,
+        "mlpa_signup_cap_enforced": 1.0,
+    }
+    assert (await service.chat()).status == 200  # a new user of a capped service type takes a slot
+    assert (await scraped())["mlpa_signup_capacity_current_identities"] == 1.0
