@@ -86,3 +86,4 @@ def test_the_lock_says_how_to_regenerate_it_and_the_dockerfile_installs_it() -> 
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "--require-hashes -r requirements.lock" in dockerfile
     assert "--no-deps ." in dockerfile
+    assert "!requirements.lock" in (ROOT / ".dockerignore").read_text().splitlines()
