@@ -59,8 +59,8 @@ class Metrics:
         GC series are then per worker (observability/runtime_metrics.py)."""
         self.registry = registry
         self.gc_counters = WorkerGCCounters() if multiprocess else None
-        if not multiprocess:
-            register_single_process(registry)
+        # Exposed whenever this registry is (without a multiprocess directory).
+        register_single_process(registry)
         r = registry
         self.in_progress = Gauge(
             "mlpa_in_progress_requests", "Requests in progress", registry=r, multiprocess_mode="livesum"

@@ -105,7 +105,8 @@ class WorkerGCCounters:
         self._copied: dict[tuple[str, int], int] = {}
         for generation in range(len(gc.get_stats())):
             for counter in self._counters.values():
-                counter.labels(str(generation), self._pid)  # zero until it counts
+                counter.labels(str(generation), self._pid)  # present even while zero
+        self.sync()  # a scrape answered by a sibling never sees this worker's GC at 0
 
     def sync(self) -> None:
         for generation, stats in enumerate(gc.get_stats()):

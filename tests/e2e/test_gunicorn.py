@@ -264,10 +264,17 @@ async def test_process_and_gc_series_of_every_worker(gunicorn: Gunicorn) -> None
     assert len(workers) == WORKERS
 
     # Scrape on fresh connections until both workers have answered one (each scrape also
-    # checks that the answering worker reports its sibling).
+    # checks that the answering worker reports its sibling), once both apps have started
+    # (each has served a liveness request).
     answered_by: set[str] = set()
     connector = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(400):
+            async with session.get(f"{gunicorn.base_url}/health/liveness") as response:
+                assert response.status == 200
+            if len(requests_per_worker(gunicorn.metrics_dir, "/health/liveness")) == WORKERS:
+                break
+        assert len(requests_per_worker(gunicorn.metrics_dir, "/health/liveness")) == WORKERS
         for _ in range(200):
             async with session.get(f"{gunicorn.base_url}/metrics") as response:
                 assert response.status == 200
