@@ -116,6 +116,7 @@ def app_image(build_log: IO[str]) -> str:
         "-t", APP_IMAGE, "-f", str(REPO_ROOT / "Dockerfile"), str(REPO_ROOT),
         timeout=1200, log=build_log,
     )
+    buildah("rmi", "--prune", log=build_log)  # the builder stage and earlier builds' leftovers
     print(f"\nbuildah build: {APP_IMAGE} in {time.monotonic() - started:.0f} s")
     print("\n".join(line for line in output.splitlines() if "STEP" in line or "Successfully" in line))
     return APP_IMAGE
