@@ -131,7 +131,8 @@ control_socket_disable = True
 # aiohttp never access-logs).
 accesslog = None
 
-loglevel = _env_text("LOG_LEVEL", _DEFAULTS.log_level).lower()
+# LOGURU_LEVEL: the reference's name, read as an alias like the app does (settings_compat).
+loglevel = _env_text("LOG_LEVEL", _env_text("LOGURU_LEVEL", _DEFAULTS.log_level)).lower()
 if loglevel not in ("debug", "info", "warning", "error", "critical"):
     loglevel = _DEFAULTS.log_level.lower()  # the app's settings report the bad value
 # The master's lines in the app's format (JSON with LOG_JSON=true); workers then set up

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from . import __version__
 from .observability.logging import configure_logging
-from .settings import Settings, SettingsError
+from .settings import Settings, SettingsError, variable_names
+from .settings_compat import warn_about_environment
 from .startup import (
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
@@ -327,12 +328,17 @@ async def _fake_upstream(host: str, port: int, ttft: float, chunks: int, interva
 
 
 def _add_migrate(commands: argparse._SubParsersAction) -> None:
-    _subcommand(
+    migrate = _subcommand(
         commands,
         "migrate",
         "create or upgrade the app database and seed the signup-capacity row",
         MIGRATE_VARIABLES,
         _run_migrate,
+    )
+    migrate.add_argument(
+        "--skip-role-timeouts",
+        action="store_true",
+        help="leave the database role's statement/idle-in-transaction timeouts alone (role managed elsewhere)",
     )
 
 
@@ -341,7 +347,8 @@ def _run_migrate(args: argparse.Namespace) -> int:
 
     settings = Settings.from_environ(os.environ, check_secrets=False)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
-    return migrate_command(settings)
+    warn_about_environment(os.environ, variable_names())
+    return migrate_command(settings, role_timeouts=not args.skip_role_timeouts)
 
 
 if __name__ == "__main__":

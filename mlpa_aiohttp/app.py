@@ -33,7 +33,8 @@ from .observability.metrics import Metrics
 from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
-from .settings import Settings
+from .settings import Settings, variable_names
+from .settings_compat import warn_about_environment
 from .store.app_attest import (
     ChallengeStore,
     MemoryChallengeStore,
@@ -71,8 +72,12 @@ def create_app(settings: Settings) -> web.Application:
         },
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = Metrics(CollectorRegistry(auto_describe=True))
+    app[keys.METRICS] = Metrics(
+        CollectorRegistry(auto_describe=True),
+        multiprocess=settings.observability.prometheus_multiproc_dir is not None,
+    )
     app[keys.STREAMS] = StreamTracker()
+    app.cleanup_ctx.append(_worker_gc_metrics_context)
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_auth_context)
@@ -80,6 +85,18 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
     return app
+
+
+async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
+    """Under several workers, each copies its GC statistics for the others' scrapes."""
+    gc_counters = app[keys.METRICS].gc_counters
+    task = asyncio.create_task(gc_counters.run()) if gc_counters is not None else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
@@ -153,5 +170,6 @@ async def app_factory() -> web.Application:
     """The gunicorn entry point: configuration from the process environment."""
     settings = Settings.from_environ(os.environ)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
+    warn_about_environment(os.environ, variable_names())
     init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
     return create_app(settings)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence, TypeVar
 
 from .catalog import DEFAULT_BUDGETS, BudgetTier, ServiceType
+from .settings_compat import with_reference_aliases
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"
 FXA_STAGE_URL = "https://api-accounts.stage.mozaws.net/v1"
@@ -48,7 +49,8 @@ class _Env:
     """Typed, case-insensitive reads from an environ mapping; errors name the variable."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self._values = {k.upper(): v for k, v in environ.items()}
+        # The reference's renamed variables are read as their new names (settings_compat).
+        self._values = with_reference_aliases({k.upper(): v for k, v in environ.items()})
         self.names_read: set[str] = set()
         # Every invalid value is recorded and replaced by its default, so that reading
         # goes on and one error can list them all (`Settings._read` raises it).
@@ -229,6 +231,8 @@ class AppAttestSettings:
     root_ca_path: str | None = None
     qa_root_ca_path: str | None = None
     bundle_ids: frozenset[str] = frozenset()
+    # Apple's assertion step 5 (app id hash); false only while clients transition.
+    check_assertion_app_id: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +308,7 @@ class Settings:
                 root_ca_path=env.optional_str("APP_ATTEST_ROOT_CA_PATH"),
                 qa_root_ca_path=env.optional_str("APP_ATTEST_QA_ROOT_CA_PATH"),
                 bundle_ids=env.str_set("APP_ATTEST_BUNDLE_IDS", frozenset()),
+                check_assertion_app_id=env.bool("APP_ATTEST_CHECK_ASSERTION_APP_ID", True),
             ),
             play=PlaySettings(
                 package_name=env.str("PLAY_INTEGRITY_PACKAGE_NAME", "org.mozilla.firefox"),
@@ -448,8 +453,10 @@ def _refuse_default_secrets(env: _Env) -> None:
             )
         elif name == "MLPA_ACCESS_TOKEN_SECRET" and len(value.encode()) < _MIN_ACCESS_TOKEN_SECRET_BYTES:
             env.problem(
-                f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes"
-                f" (HS256 key), got {len(value.encode())}"
+                f"MLPA_ACCESS_TOKEN_SECRET: must be at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes for HS256, got"
+                f" {len(value.encode())} (the reference accepted shorter ones). A new secret invalidates every"
+                " outstanding access token: Android clients get 401 once and re-run Play Integrity"
+                " (docs/migration.md, 'The access-token secret')"
             )
 
 

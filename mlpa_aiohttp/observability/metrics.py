@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import multiprocess
 
 from .labels import clamp_model, clamp_purpose, clamp_service_type
+from .runtime_metrics import WorkerGCCounters, register_multiprocess, register_single_process
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 FAST_AUTH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
@@ -53,14 +54,36 @@ _ROUTED = ("requested_model", "backend", "service_type", "purpose")
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, multiprocess: bool = False) -> None:
+        """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
+        GC series are then per worker (observability/runtime_metrics.py)."""
         self.registry = registry
+        self.gc_counters = WorkerGCCounters() if multiprocess else None
+        # Exposed whenever this registry is (without a multiprocess directory).
+        register_single_process(registry)
         r = registry
         self.in_progress = Gauge(
             "mlpa_in_progress_requests", "Requests in progress", registry=r, multiprocess_mode="livesum"
         )
         self.open_streams = Gauge(
             "mlpa_open_streams", "Streaming completions being relayed", registry=r, multiprocess_mode="livesum"
+        )
+        # Signup capacity (spec §3.2), read from the store at scrape time; every worker
+        # reads the same row, so the most recent value is the value.
+        self.signup_capacity_max = Gauge(
+            "mlpa_signup_capacity_max_identities",
+            "Managed identities the signup cap allows",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.signup_capacity_current = Gauge(
+            "mlpa_signup_capacity_current_identities",
+            "Managed identities admitted",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.signup_cap_enforced = Gauge(
+            "mlpa_signup_cap_enforced", "1 when the signup cap is enforced", registry=r, multiprocess_mode="mostrecent"
         )
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
         self.requests = Counter(
@@ -180,10 +203,14 @@ class Metrics:
         ).inc()
 
 
-def exposition(registry: CollectorRegistry, multiproc_dir: str | None) -> bytes:
-    """The text exposition; aggregated across workers in multiprocess mode."""
+def exposition(metrics: Metrics, multiproc_dir: str | None) -> bytes:
+    """The text exposition; aggregated across workers in multiprocess mode, with every
+    live worker's process series and every worker's GC counters."""
     if multiproc_dir and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if metrics.gc_counters is not None:
+            metrics.gc_counters.sync()
         aggregate = CollectorRegistry()
         multiprocess.MultiProcessCollector(aggregate, path=multiproc_dir)
+        register_multiprocess(aggregate, multiproc_dir)
         return generate_latest(aggregate)
-    return generate_latest(registry)
+    return generate_latest(metrics.registry)

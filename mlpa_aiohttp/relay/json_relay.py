@@ -14,6 +14,7 @@ from aiohttp import web
 from ..errors import GENERIC_UPSTREAM_MESSAGE, UpstreamError, UpstreamRejected
 from ..observability.labels import clamp_purpose, clamp_service_type
 from ..observability.metrics import Metrics
+from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.bodies import UpstreamBody, encode_json
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient
@@ -43,7 +44,7 @@ def _proxy_failed(exc: BaseException, *, debug: bool, what: str) -> UpstreamErro
 
 def _unclassified(status: int, text: str, *, debug: bool, what: str) -> UpstreamError:
     detail = error_detail(text)
-    log.error(f"{what}_upstream_error", upstream_status=status, upstream_detail=detail)
+    log.error(f"{what}_upstream_error", upstream_status=status, upstream_detail=upstream_text_for_log(detail))
     return UpstreamError(detail if debug else GENERIC_UPSTREAM_MESSAGE, status=status)
 
 
@@ -65,7 +66,7 @@ async def relay_completion(
     if not 200 <= status < 300:
         classification = classify(status, text)
         if classification is not None:
-            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=error_detail(text))
+            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=upstream_text_for_log(error_detail(text)))
             outcome.rejected(classification)
             raise UpstreamRejected(classification)
         outcome.failed()
@@ -112,7 +113,7 @@ async def relay_search(
             classification = classify(reply.status, reply.text)
             if classification is None:
                 raise _unclassified(reply.status, reply.text, debug=debug, what="search")
-            log.warning(classification.log_prefix, upstream_status=reply.status, upstream_detail=error_detail(reply.text))
+            log.warning(classification.log_prefix, upstream_status=reply.status, upstream_detail=upstream_text_for_log(error_detail(reply.text)))
             metrics.search_rejections.labels(
                 classification.rejection_reason, "exa-search", clamp_service_type(service_type), clamp_purpose(purpose)
             ).inc()

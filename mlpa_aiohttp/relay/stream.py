@@ -22,6 +22,7 @@ from aiohttp import web
 
 from ..errors import GENERIC_UPSTREAM_MESSAGE
 from ..observability.metrics import Metrics
+from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.bodies import UpstreamBody
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient, read_error_body
@@ -154,12 +155,12 @@ class StreamRelay:
     async def _relay_upstream_error(self, status: int, text: str) -> None:
         classification = classify(status, text)
         if classification is not None:
-            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=error_detail(text))
+            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=upstream_text_for_log(error_detail(text)))
             self._outcome.rejected(classification)
             await self._write(sse_frame({"error": classification.code}))
             return
         detail = error_detail(text)
-        log.error("upstream_error", upstream_status=status, upstream_detail=detail)
+        log.error("upstream_error", upstream_status=status, upstream_detail=upstream_text_for_log(detail))
         self._outcome.failed()
         await self._write(sse_frame({"code": status, "error": detail if self._debug else GENERIC_UPSTREAM_MESSAGE}))
 

@@ -6,7 +6,12 @@
 2. take a session advisory lock, so concurrent runs (two pods, a retried Job) queue up;
 3. apply each `migrations/NNNN_name.sql` not yet in `schema_migrations`, each file in its
    own transaction together with its version row;
-4. seed the signup-capacity row and set its maximum from `MLPA_MAX_SIGNED_IN_USERS`.
+4. seed the signup-capacity row and set its maximum from `MLPA_MAX_SIGNED_IN_USERS`;
+5. set `statement_timeout` and `idle_in_transaction_session_timeout` on the database role
+   (`ALTER ROLE ... SET`), as the reference's deploy script does: behind PgBouncer in
+   transaction pooling the session settings sent at connect never reach the server
+   connection that runs a query, the role's defaults do. A value of 0 resets the role's
+   default. `migrate --skip-role-timeouts` leaves the role alone (a role managed elsewhere).
 
 A database last migrated by the reference system's Alembic chain is adopted: its
 `alembic_version` marks the matching files as already applied. Nothing here runs at app
@@ -139,7 +144,44 @@ async def apply_migrations(conn: asyncpg.Connection, migrations: list[Migration]
     return applied_now
 
 
-async def migrate(settings: Settings) -> list[str]:
+ROLE_TIMEOUT_PARAMETERS = ("statement_timeout", "idle_in_transaction_session_timeout")
+
+
+async def role_timeout_defaults(conn: asyncpg.Connection, role: str) -> dict[str, str]:
+    """The role's own defaults (all databases) for the timeout parameters."""
+    rows = await conn.fetchval(
+        "SELECT setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole"
+        " WHERE r.rolname = $1 AND s.setdatabase = 0",
+        role,
+    )
+    pairs = (item.split("=", 1) for item in rows or [])
+    return {name: value for name, value in pairs if name in ROLE_TIMEOUT_PARAMETERS}
+
+
+async def apply_role_timeouts(conn: asyncpg.Connection, pg: PostgresSettings) -> dict[str, str | None]:
+    """Make the role's defaults match the settings; returns what changed (None: reset).
+    Idempotent: a role that already matches is not altered."""
+    wanted = {
+        "statement_timeout": pg.statement_timeout_ms,
+        "idle_in_transaction_session_timeout": pg.idle_in_tx_timeout_ms,
+    }
+    current = await role_timeout_defaults(conn, pg.username)
+    role = quote_ident(pg.username)
+    changed: dict[str, str | None] = {}
+    for parameter, milliseconds in wanted.items():
+        value = f"{int(milliseconds)}ms" if milliseconds else None
+        if current.get(parameter) == value:
+            continue
+        if value is None:
+            await conn.execute(f"ALTER ROLE {role} RESET {parameter}")
+        else:
+            # Utility statements take no bind parameters; the value is a formatted int.
+            await conn.execute(f"ALTER ROLE {role} SET {parameter} = '{value}'")
+        changed[parameter] = value
+    return changed
+
+
+async def migrate(settings: Settings, *, role_timeouts: bool = True) -> list[str]:
     """Bring the app database up to date; returns the versions applied by this run."""
     pg = settings.postgres
     if await create_database_if_missing(pg, pg.app_attest_db_name):
@@ -150,17 +192,24 @@ async def migrate(settings: Settings) -> list[str]:
             applied = await apply_migrations(conn, load_migrations())
             async with conn.transaction():
                 await seed_capacity_row(conn, settings.signup_cap.max_signed_in_users)
+            if role_timeouts:
+                changed = await apply_role_timeouts(conn, pg)
+                log.info(
+                    "role %s timeouts: %s",
+                    pg.username,
+                    ", ".join(f"{k}={v or 'RESET'}" for k, v in changed.items()) or "unchanged",
+                )
     finally:
         await conn.close()
     return applied
 
 
-def migrate_command(settings: Settings) -> int:
+def migrate_command(settings: Settings, *, role_timeouts: bool = True) -> int:
     """CLI body of `migrate`: one log line per migration applied and one summary (in the
     log format, JSON with LOG_JSON=true); exit status 69 when PostgreSQL fails."""
     pg = settings.postgres
     try:
-        applied = asyncio.run(migrate(settings))
+        applied = asyncio.run(migrate(settings, role_timeouts=role_timeouts))
     except StoreUnavailable as exc:
         hint = (
             "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; "

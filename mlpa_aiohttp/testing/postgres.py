@@ -247,7 +247,8 @@ async def prepare_databases(pg: PostgresSettings, *, max_signed_in_users: int = 
     await create_litellm_dev_schema(pg)
     settings = Settings(postgres=pg)
     settings = replace(settings, signup_cap=replace(settings.signup_cap, max_signed_in_users=max_signed_in_users))
-    return await migrate(settings)
+    # The throwaway server's superuser keeps its defaults (no role-level timeouts).
+    return await migrate(settings, role_timeouts=False)
 
 
 async def truncate_all(litellm_pool: asyncpg.Pool, app_pool: asyncpg.Pool) -> None:

@@ -244,3 +244,57 @@ async def test_sigterm_ends_open_streams_cleanly(gunicorn: Gunicorn, fake_litell
     # Every upstream stream was closed.
     for record in fake.requests_to(CHAT_PATH):
         assert record.disconnected.is_set()
+
+
+PROCESS_SERIES = (
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_start_time_seconds",
+    "process_open_fds",
+    "process_max_fds",
+)
+GC_SERIES = ("python_gc_objects_collected_total", "python_gc_objects_uncollectable_total", "python_gc_collections_total")
+
+
+async def test_process_and_gc_series_of_every_worker(gunicorn: Gunicorn) -> None:
+    """An existing dashboard's process_*/python_gc_* queries find both workers, labelled by pid."""
+    await wait_until_live(gunicorn)
+    workers = {str(pid) for pid in gunicorn_worker_pids(gunicorn.process.pid)}
+    assert len(workers) == WORKERS
+
+    # Scrape on fresh connections until both workers have answered one (each scrape also
+    # checks that the answering worker reports its sibling), once both apps have started
+    # (each has served a liveness request).
+    answered_by: set[str] = set()
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(400):
+            async with session.get(f"{gunicorn.base_url}/health/liveness") as response:
+                assert response.status == 200
+            if len(requests_per_worker(gunicorn.metrics_dir, "/health/liveness")) == WORKERS:
+                break
+        assert len(requests_per_worker(gunicorn.metrics_dir, "/health/liveness")) == WORKERS
+        for _ in range(200):
+            async with session.get(f"{gunicorn.base_url}/metrics") as response:
+                assert response.status == 200
+                exposition = await response.text()
+            samples = [s for family in text_string_to_metric_families(exposition) for s in family.samples]
+            for name in PROCESS_SERIES:
+                assert {s.labels.get("pid") for s in samples if s.name == name} == workers, name
+            # The worker that answered has its GC counters synced at scrape time; the other
+            # one within its sync interval (it synced once at start-up).
+            for name in GC_SERIES:
+                per_worker = {(s.labels["pid"], s.labels["generation"]) for s in samples if s.name == name}
+                assert {pid for pid, _ in per_worker} == workers, name
+                assert {generation for _, generation in per_worker} <= {"0", "1", "2"}
+            gen0 = {s.labels["pid"]: s.value for s in samples if s.name == "python_gc_collections_total" and s.labels["generation"] == "0"}
+            assert all(value > 0 for value in gen0.values()), gen0
+            info = [s for s in samples if s.name == "python_info"]
+            assert len(info) == 1 and info[0].value == 1 and "pid" not in info[0].labels
+            rss = {s.labels["pid"]: s.value for s in samples if s.name == "process_resident_memory_bytes"}
+            assert all(value > 10 * 1024 * 1024 for value in rss.values()), rss
+            answered_by = {str(pid) for pid in requests_per_worker(gunicorn.metrics_dir, "/metrics")}
+            if answered_by == workers:
+                break
+    assert answered_by == workers, f"only {answered_by} answered a scrape"

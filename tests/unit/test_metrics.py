@@ -385,3 +385,42 @@ async def test_metrics_endpoint_sums_several_processes(make_service: ServiceFact
     assert [(s.labels["endpoint"], s.value) for s in requests] == [("/v1/chat/completions", 7.0)]
     latency_count = [s for s in families["mlpa_request_latency_seconds"].samples if s.name.endswith("_count")]
     assert [s.value for s in latency_count] == [2.0]
+
+
+async def test_process_and_gc_series_as_prometheus_client_exposes_them(service: Service) -> None:
+    """One process: the default collectors' names and labels, unchanged (dashboards built
+    for the reference keep working)."""
+    response = await service.client.get("/metrics")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(await response.text())
+        for s in family.samples
+    }
+    names = {name for name, _ in samples}
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "process_start_time_seconds"):
+        assert (name, ()) in samples, name
+    assert samples[("process_resident_memory_bytes", ())] > 10 * 1024 * 1024
+    for generation in ("0", "1", "2"):
+        assert (("python_gc_collections_total", (("generation", generation),))) in samples
+    assert {"python_gc_objects_collected_total", "python_gc_objects_uncollectable_total", "python_info"} <= names
+
+
+async def test_signup_capacity_gauges_are_read_at_scrape_time(make_service: ServiceFactory) -> None:
+    service = await make_service(MLPA_ENFORCE_SIGNIN_CAP="true", MLPA_MAX_SIGNED_IN_USERS="5")
+
+    async def scraped() -> dict[str, float]:
+        response = await service.client.get("/metrics")
+        return {
+            s.name: s.value
+            for family in text_string_to_metric_families(await response.text())
+            for s in family.samples
+            if s.name.startswith(("mlpa_signup_capacity", "mlpa_signup_cap_"))
+        }
+
+    assert await scraped() == {
+        "mlpa_signup_capacity_max_identities": 5.0,
+        "mlpa_signup_capacity_current_identities": 0.0,
+        "mlpa_signup_cap_enforced": 1.0,
+    }
+    assert (await service.chat()).status == 200  # a new user of a capped service type takes a slot
+    assert (await scraped())["mlpa_signup_capacity_current_identities"] == 1.0

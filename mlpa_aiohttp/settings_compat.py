@@ -1,0 +1,124 @@
+"""The reference system's variable names, so its configuration keeps working at switch-over.
+
+Renamed variables are read as aliases of their new names (the new name wins when both are
+set); every one found, every reference variable this service no longer reads, and every
+unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable gets one WARNING at start-up naming what
+to use instead. `settings.py` applies the aliases; the entry points log the warnings once
+logging is configured. docs/migration.md has the same table for people.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Iterable, Mapping
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Rename:
+    new: str
+    reference_default: str
+    new_default: str
+    note: str = ""
+
+
+RENAMED: Mapping[str, Rename] = MappingProxyType(
+    {
+        "LOGURU_LEVEL": Rename("LOG_LEVEL", "INFO", "info"),
+        "HTTPX_CONNECT_TIMEOUT_SECONDS": Rename("UPSTREAM_CONNECT_TIMEOUT_SECONDS", "30", "10"),
+        "HTTPX_READ_TIMEOUT_SECONDS": Rename(
+            "UPSTREAM_READ_TIMEOUT_SECONDS",
+            "30",
+            "STREAMING_TIMEOUT_SECONDS (300)",
+            "non-streaming completions only; streams use STREAMING_TIMEOUT_SECONDS as before",
+        ),
+        "HTTPX_MAX_CONNECTIONS": Rename(
+            "UPSTREAM_MAX_CONNECTIONS",
+            "200",
+            "20000",
+            "every open stream holds one upstream connection, so this caps open streams per process",
+        ),
+        "HTTPX_KEEPALIVE_EXPIRY_SECONDS": Rename("UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS", "15", "4"),
+    }
+)
+
+# Reference variables with no counterpart here, and why.
+NOT_READ: Mapping[str, str] = MappingProxyType(
+    {
+        "HTTPX_WRITE_TIMEOUT_SECONDS": "request bodies are small; connect and read timeouts bound the call",
+        "HTTPX_POOL_TIMEOUT_SECONDS": "the upstream pool is sized for every open stream (UPSTREAM_MAX_CONNECTIONS)",
+        "HTTPX_MAX_KEEPALIVE_CONNECTIONS": "idle connections are kept for UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS",
+        "DISCONNECT_POLL_INTERVAL_SECONDS": "client disconnects are event-driven; nothing polls (decision 1)",
+        "HTTPX_LOGGING": "no per-call debug tracing of the HTTP client",
+        "ASYNCPG_LOGGING": "no per-query debug tracing (queries carry user ids)",
+        "LOG_FILE": "logs go to stdout only (LOG_JSON=true for JSON lines)",
+        "LOG_ROTATION": "logs go to stdout only; rotation is the platform's",
+        "LOG_COMPRESSION": "logs go to stdout only; rotation is the platform's",
+        "APP_ATTEST_QA_CERT_DIR": "mount the QA root certificate and set APP_ATTEST_QA_ROOT_CA_PATH",
+        "APP_ATTEST_QA_BUCKET": "nothing is downloaded; set APP_ATTEST_QA_ROOT_CA_PATH to a mounted file",
+        "APP_ATTEST_QA_BUCKET_PREFIX": "nothing is downloaded; set APP_ATTEST_QA_ROOT_CA_PATH to a mounted file",
+        "APP_ATTEST_QA_GCP_PROJECT_ID": "nothing is downloaded; set APP_ATTEST_QA_ROOT_CA_PATH to a mounted file",
+        "PG_DB_URL": "the reference recomputed it; the DB_* variables are what is read",
+    }
+)
+
+CHECKED_PREFIXES = ("MLPA_", "UPSTREAM_", "PG_")
+
+
+def with_reference_aliases(values: Mapping[str, str]) -> dict[str, str]:
+    """Upper-cased environment `values` with each renamed variable copied to its new name
+    unless the new name is set itself."""
+    resolved = dict(values)
+    for old, rename in RENAMED.items():
+        if old in values and rename.new not in values:
+            resolved[rename.new] = values[old]
+    return resolved
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    event: str
+    fields: Mapping[str, str]
+
+
+def environment_notices(environ: Mapping[str, str], known: Iterable[str]) -> list[Notice]:
+    """One notice per renamed, no-longer-read or unknown variable in `environ`."""
+    names = {name.upper() for name in environ}
+    known_names = sorted(set(known))
+    notices: list[Notice] = []
+    for name in sorted(names):
+        if name in RENAMED:
+            rename = RENAMED[name]
+            fields = {"variable": name, "use": rename.new}
+            if rename.new in names:
+                fields["ignored_because"] = f"{rename.new} is set"
+            else:
+                fields["read_as"] = rename.new
+            if rename.new_default.lower() != rename.reference_default.lower():
+                fields["new_default"] = rename.new_default
+                fields["reference_default"] = rename.reference_default
+            if rename.note:
+                fields["note"] = rename.note
+            notices.append(Notice("setting_renamed", fields))
+        elif name in NOT_READ:
+            notices.append(Notice("setting_not_read", {"variable": name, "reason": NOT_READ[name]}))
+        elif name.startswith(CHECKED_PREFIXES) and name not in known_names:
+            fields = {"variable": name}
+            closest = difflib.get_close_matches(name, known_names, n=1, cutoff=0.6)
+            if closest:
+                fields["did_you_mean"] = closest[0]
+            notices.append(Notice("setting_unknown", fields))
+    return notices
+
+
+def warn_about_environment(environ: Mapping[str, str], known: Iterable[str]) -> list[Notice]:
+    """Log each notice once at WARNING (names only: values may be secrets)."""
+    notices = environment_notices(environ, known)
+    for notice in notices:
+        log.warning(notice.event, **notice.fields)
+    return notices

@@ -1,0 +1,160 @@
+"""The Grafana dashboard and the Prometheus rules reference only what the service exports,
+and their PromQL parses (promtool, from Debian's `prometheus` package; .ci/run installs it).
+
+`promtool check rules` and `promtool test rules` on the rule files themselves run in
+.ci/lint-deploy; here promtool also parses every dashboard query."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from ..conftest import Service, chat_body
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "config" / "grafana" / "mlpa-dashboard.json"
+RULES = ROOT / "config" / "prometheus" / "mlpa-alerts.yml"
+# Series the rules read from elsewhere: Prometheus itself and kube-state-metrics.
+EXTERNAL = frozenset({"up", "kube_pod_status_ready"})
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "untyped": ("",),
+}
+_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "inf", "nan", "group_left", "group_right"})
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers that are not functions, keywords,
+    label names (matchers and grouping clauses are removed first) or durations."""
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)
+    text = _GROUPING.sub("", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.$])[A-Za-z_:][A-Za-z0-9_:]*", text):
+        following = text[match.end() :].lstrip()
+        if following.startswith("(") or match.group().lower() in _KEYWORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def test_metric_names_parser() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, model) (rate(a_bucket{job=~"$job", x="y z"}[$__rate_interval])))'
+        " / on () group_left max(b_total offset 5m) > bool 3 and c"
+    )
+    assert metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for p in panels(dashboard()) for t in p.get("targets", [])]
+
+
+def rules() -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def exported_names(exposition: str) -> set[str]:
+    """Every sample name the exposition's families can carry (from their TYPE lines, so
+    families without samples yet count too)."""
+    names = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, family, kind = line.split(maxsplit=3)
+            if kind == "counter":  # the TYPE line names a counter with its _total
+                family = family.removesuffix("_total")
+            names.update(family + suffix for suffix in SUFFIXES[kind])
+    return names
+
+
+def test_dashboard_is_well_formed() -> None:
+    board = dashboard()
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    variables = {v["name"] for v in board["templating"]["list"]}
+    for panel in panels(board):
+        position = panel["gridPos"]
+        assert position["x"] + position["w"] <= 24, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert ref_ids and len(ref_ids) == len(set(ref_ids)), panel["title"]
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval"}
+            assert used <= variables, (panel["title"], used)
+    titles = " | ".join(p["title"].lower() for p in panels(board))
+    for wanted in ("open streams", "time to first token", "by outcome", "rejections by reason", "signup capacity", "upstream errors"):
+        assert wanted in titles, wanted
+
+
+def test_rules_cover_the_four_alert_families() -> None:
+    alerts = {rule["alert"] for rule in rules() if "alert" in rule}
+    assert {"MlpaAvailabilityFastBurn", "MlpaPodsNotReady", "MlpaSignupCapacityNearCap", "MlpaTimeToFirstTokenP99High"} <= alerts
+    for rule in rules():
+        if "alert" in rule:
+            assert rule["labels"]["severity"] in {"page", "ticket"} and rule["annotations"]["summary"], rule["alert"]
+
+
+async def test_every_referenced_metric_is_exported(service: Service) -> None:
+    await service.chat(chat_body(stream=True))  # not needed for names, but a realistic scrape
+    response = await service.client.get("/metrics")
+    assert response.status == 200
+    exported = exported_names(await response.text())
+    assert {"mlpa_chat_completion_ttft_seconds_bucket", "mlpa_open_streams", "process_cpu_seconds_total"} <= exported
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    referenced = {name for expr in dashboard_exprs() for name in metric_names(expr)}
+    referenced |= {name for rule in rules() for name in metric_names(rule["expr"])}
+    assert referenced, "the parser found nothing"
+    unknown = referenced - exported - recorded - EXTERNAL
+    assert not unknown, f"referenced but not exported: {sorted(unknown)}"
+    assert recorded <= {name for rule in rules() if "alert" in rule for name in metric_names(rule["expr"])}, (
+        "every recording rule is used by an alert"
+    )
+
+
+def test_dashboard_queries_parse(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: apt-get install prometheus (.ci/run does)"
+    # Grafana's variables replaced by values of the right kind, then each query checked as
+    # a recording rule.
+    exprs = [e.replace("$__rate_interval", "5m").replace("$job", ".*") for e in dashboard_exprs()]
+    groups = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(groups))
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in done.stdout
+
+
+@pytest.mark.parametrize("bad", ["sum(rate(mlpa_requests_total[5m])", "rate(mlpa_requests_total)"])
+def test_promtool_rejects_a_broken_query(tmp_path: Path, bad: str) -> None:
+    """The check above can fail."""
+    promtool = shutil.which("promtool")
+    assert promtool
+    path = tmp_path / "bad.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"record": "x:y", "expr": bad}]}]}))
+    assert subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, timeout=60).returncode != 0
