@@ -194,11 +194,12 @@ async def migrate(settings: Settings, *, role_timeouts: bool = True) -> list[str
                 await seed_capacity_row(conn, settings.signup_cap.max_signed_in_users)
             if role_timeouts:
                 changed = await apply_role_timeouts(conn, pg)
-                log.info(
-                    "role %s timeouts: %s",
-                    pg.username,
-                    ", ".join(f"{k}={v or 'RESET'}" for k, v in changed.items()) or "unchanged",
-                )
+                if changed:  # a re-run that changes nothing stays quiet
+                    log.info(
+                        "role_timeouts_set",
+                        role=pg.username,
+                        **{name: value or "RESET" for name, value in changed.items()},
+                    )
     finally:
         await conn.close()
     return applied
