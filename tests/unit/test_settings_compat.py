@@ -13,6 +13,7 @@ import pytest
 
 from mlpa_aiohttp.settings import Settings, variable_names
 from mlpa_aiohttp.settings_compat import NOT_READ, RENAMED, environment_notices
+from mlpa_aiohttp.startup import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 from ..conftest import TEST_SECRETS
 
@@ -109,7 +110,7 @@ def test_a_real_start_logs_each_notice_once_and_never_a_value() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mlpa_aiohttp", "migrate"], env=environ, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == EXIT_UNAVAILABLE, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     warnings = [(line["event"], line["variable"]) for line in lines if line.get("level") == "warning"]
     assert sorted(warnings) == [
@@ -130,8 +131,8 @@ def test_a_short_access_token_secret_stops_start_up_with_a_clear_message() -> No
     done = subprocess.run(
         [sys.executable, "-m", "mlpa_aiohttp", "serve"], env=environ, capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2
+    assert done.returncode == EXIT_CONFIG
     message = done.stderr.strip()
-    assert message.startswith("configuration error: MLPA_ACCESS_TOKEN_SECRET: must be at least 32 bytes for HS256, got 16")
+    assert message.startswith("CRITICAL configuration_error: MLPA_ACCESS_TOKEN_SECRET: must be at least 32 bytes for HS256, got 16")
     assert "invalidates every outstanding access token" in message and "docs/migration.md" in message
     assert short not in done.stdout + done.stderr
