@@ -30,6 +30,7 @@ from .auth.play import PlayIntegrity
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
+from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
@@ -52,6 +53,7 @@ from .upstream.litellm import LiteLLMClient, open_session
 
 
 def create_app(settings: Settings) -> web.Application:
+    metrics = Metrics(CollectorRegistry(auto_describe=True))
     app = web.Application(
         middlewares=[request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
@@ -61,10 +63,12 @@ def create_app(settings: Settings) -> web.Application:
         handler_args={
             "handler_cancellation": True,
             "keepalive_timeout": settings.server.keepalive_timeout_seconds,
+            # Malformed HTTP is a counted WARNING, not an ERROR with a traceback.
+            "logger": ServerLogger(metrics),
         },
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = Metrics(CollectorRegistry(auto_describe=True))
+    app[keys.METRICS] = metrics
     app[keys.STREAMS] = StreamTracker()
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)

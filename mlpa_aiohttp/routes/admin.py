@@ -28,6 +28,7 @@ from ..catalog import ServiceType, service_type_list_text
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault, validation_error
 from ..models import parse_json_object
 from ..store.base import EndUser, StoreUnavailable
+from ..wire import is_identifier
 
 MASTER_KEY_HEADERS = ("master_key", "master-key")
 UI_ACCESS_KEY_HEADERS = ("mlpa_ui_access_key", "mlpa-ui-access-key")
@@ -161,7 +162,7 @@ async def user_info(request: web.Request) -> web.Response:
     """LiteLLM's `/customer/info` for one end user, verbatim (master key, decision 10)."""
     require_master_key(request)
     user_id = request.match_info["user_id"]
-    if not user_id.strip():
+    if not user_id.strip() or not is_identifier(user_id):
         raise NotFound("User not found")
     try:
         reply = await request.config_dict[keys.LITELLM].customer_info(user_id)
@@ -187,6 +188,8 @@ async def set_budget(request: web.Request) -> web.Response:
         raise ApiError(
             {"error": f"Unknown service type: {name}. Valid values: {service_type_list_text()}"}, status=422
         )
+    if not is_identifier(user_id):
+        raise NotFound("User not found.")  # never stored, so not there
     budget_id = request.config_dict[keys.SETTINGS].budgets[service_type].budget_id
     try:
         user = await request.config_dict[keys.STORE].set_budget(user_id, budget_id)
@@ -200,10 +203,11 @@ async def set_budget(request: web.Request) -> web.Response:
 def _set_blocked(blocked: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         require_master_key(request)
+        user_id = request.match_info["user_id"]
+        if not is_identifier(user_id):
+            raise NotFound("User not found.")  # never stored, so not there
         try:
-            user: EndUser | None = await request.config_dict[keys.STORE].set_blocked(
-                request.match_info["user_id"], blocked
-            )
+            user: EndUser | None = await request.config_dict[keys.STORE].set_blocked(user_id, blocked)
         except StoreUnavailable:
             raise ServerFault({"error": "Error updating user"}) from None
         if user is None:

@@ -1,0 +1,110 @@
+"""Where request bytes become values: the wire contract's rules, in one place.
+
+Every body, credential and identifier a client sends is turned into a value by one of
+these functions, which refuse what the contract does not allow before anything else can
+choke on it (a parser's recursion, a `str.encode`, PostgreSQL):
+
+* JSON bodies: `decode_json`. A syntax error is the reference's 422 `json_invalid`; a body
+  that is syntactically JSON but cannot be turned into values (nested deeper than
+  `MAX_JSON_DEPTH`, not UTF-8, a number past the integer digit limit) is the reference's
+  400 `{"detail": "There was an error parsing the body"}` (what FastAPI answers when its
+  body parser raises anything but a JSON syntax error).
+* Credentials (bearer tokens, JWT envelopes, keys): `is_credential_text`. Tokens are
+  visible ASCII; anything else (obs-text bytes, controls) is refused as an invalid
+  credential by the path that reads it, with that path's own 401.
+* Identifiers that are issued, looked up or stored (user ids, base identities):
+  `is_identifier` / `is_base_identity`. No control characters and no lone surrogates
+  (PostgreSQL cannot store NUL, UTF-8 cannot carry a surrogate); a base identity also has
+  no `:` (decision 15), which would break the `uid:service_type` namespace.
+
+No `aiohttp.web` here: the callers raise the domain errors (`errors.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+from .errors import BadRequest
+
+# Deeper than any real tool schema or response format, far below the interpreter's
+# recursion limit, so every later walk over the value (re-encoding it upstream,
+# sanitising strings) is safe too.
+MAX_JSON_DEPTH = 128
+
+BODY_UNPARSEABLE = "There was an error parsing the body"
+
+_FORBIDDEN_IDENTIFIER_CATEGORIES = frozenset({"Cc", "Cs"})
+
+
+class BodyUnparseable(BadRequest):
+    """400 {"detail": "There was an error parsing the body"}."""
+
+    def __init__(self) -> None:
+        super().__init__(BODY_UNPARSEABLE)
+
+
+class JsonSyntaxError(ValueError):
+    """Not JSON at all; `position` is where the decoder gave up (the 422's `loc`)."""
+
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
+def decode_json(raw: bytes) -> Any:
+    """The JSON value of a request body.
+
+    Raises `JsonSyntaxError` for text that is not JSON and `BodyUnparseable` for JSON the
+    service will not hold as values (too deep, not UTF-8, an oversized integer).
+    """
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise JsonSyntaxError(exc.pos) from None
+    except (RecursionError, ValueError):
+        # ValueError here: UnicodeDecodeError, or the int max-digits limit.
+        raise BodyUnparseable() from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+        raise BodyUnparseable()
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays/objects deep `value` nests (a scalar is 0); iterative, so any
+    depth is measured without recursion."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        pending.extend((child, depth) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def is_credential_text(value: str) -> bool:
+    """A token or key as sent on the wire: visible ASCII (and spaces) only."""
+    return value.isascii() and value.isprintable()
+
+
+def is_identifier(value: str) -> bool:
+    """An id that can be issued, looked up and stored: non-empty, no control
+    characters, no lone surrogates."""
+    if not value:
+        return False
+    if value.isascii():
+        return value.isprintable()
+    return not any(unicodedata.category(char) in _FORBIDDEN_IDENTIFIER_CATEGORIES for char in value)
+
+
+def is_base_identity(value: str) -> bool:
+    """The part of a user id before `:service_type` (decision 15: no `:` inside)."""
+    return ":" not in value and is_identifier(value)
