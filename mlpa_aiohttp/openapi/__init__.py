@@ -23,6 +23,7 @@ from ..errors import (
     CODE_UPSTREAM_RATE_LIMITED,
 )
 from ..models import CHAT_FIELDS
+from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
 
@@ -39,6 +40,11 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: 60`)
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)"""
+
+BODY_UNPARSEABLE_TEXT = (
+    f"JSON values (nested deeper than {MAX_JSON_DEPTH}, not UTF-8, an oversized integer): "
+    f'`{{"detail": "{BODY_UNPARSEABLE}"}}`'
+)
 
 STREAM_TEXT = """`text/event-stream; charset=utf-8`. The status is always 200; LiteLLM's
 `data: {...}` chunks are relayed byte for byte and end with `data: [DONE]`. A stream that
@@ -137,7 +143,9 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
         "400": _json(
             {"oneOf": [_ref("DetailErrorCode"), _ref("DetailMessage"), _ref("DetailErrorMessage")]},
             "Invalid model name (`{\"detail\": {\"error\": 8}}`), invalid request (code 9), a model / "
-            "service-type / purpose mismatch (`{\"detail\": \"...\"}`), or an unclassified upstream 400.",
+            "service-type / purpose mismatch (`{\"detail\": \"...\"}`), a body that cannot be read as "
+            + BODY_UNPARSEABLE_TEXT
+            + ", or an unclassified upstream 400.",
         ),
         "401": _json(_ref("DetailMessage"), "Authentication failed, e.g. `{\"detail\": \"Invalid FxA auth\"}`."),
         "403": _json(
@@ -186,6 +194,7 @@ def _user_update(description: str, error: str, *, body: Schema | None = None) ->
     }
     if body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        operation["responses"]["400"] = _json(_ref("DetailMessage"), "A body that cannot be read as " + BODY_UNPARSEABLE_TEXT)
         operation["responses"]["422"] = _json(
             {"oneOf": [_ref("HTTPValidationError"), _ref("DetailErrorMessage")]}, "Invalid body or unknown service type."
         )
@@ -435,7 +444,11 @@ def _paths(*, mock_routes: bool) -> Schema:
                         },
                         "MLPA access token (HS256 JWT)",
                     ),
-                    "400": _json(_ref("DetailMessage"), "`Invalid integrity_token` or an invalid `user_id`"),
+                    "400": _json(
+                        _ref("DetailMessage"),
+                        "`Invalid integrity_token`, an invalid `user_id` (empty, or with `:` or a control "
+                        "character), or a body that cannot be read as " + BODY_UNPARSEABLE_TEXT,
+                    ),
                     "401": _json(
                         {"oneOf": [_ref("DetailMessage"), _ref("DetailErrorMessage")]},
                         "Verdict rejected, stale, or Google rejected the token",
