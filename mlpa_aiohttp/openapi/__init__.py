@@ -56,6 +56,17 @@ fails ends instead with one error frame and no `[DONE]`:
 * `data: {"code": 503, "error": "Server shutting down"}`: the server stopped during the
   stream (graceful shutdown)."""
 
+_SSE_EVENT: Schema = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string", "description": "A JSON chunk, an error frame or `[DONE]`."},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+
 _FIELD_SCHEMAS: dict[str, Schema] = {
     "str": {"type": "string"},
     "bool": {"type": "boolean"},
@@ -214,7 +225,9 @@ def _chat_operation(summary: str, description: str, headers: list[Schema], *, ba
                 "description": "A completion (`stream: false`) or an SSE stream (`stream: true`).",
                 "content": {
                     "application/json": {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": {"type": "string", "description": STREAM_TEXT}},
+                    # Before OpenAPI 3.2 (no `itemSchema`) an event stream's `schema` describes
+                    # each event, not the whole body.
+                    "text/event-stream": {"schema": {**_SSE_EVENT, "description": STREAM_TEXT}},
                 },
             },
             **_proxy_error_responses(bare_413=bare_413),
