@@ -66,28 +66,23 @@ def decode_json(raw: bytes) -> Any:
     except (RecursionError, ValueError):
         # ValueError here: UnicodeDecodeError, or the int max-digits limit.
         raise BodyUnparseable() from None
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth(value) > MAX_JSON_DEPTH:
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nests_deeper_than(value, MAX_JSON_DEPTH):
         raise BodyUnparseable()
     return value
 
 
-def json_depth(value: Any) -> int:
-    """How many arrays/objects deep `value` nests (a scalar is 0); iterative, so any
-    depth is measured without recursion."""
-    deepest = 0
-    pending: list[tuple[Any, int]] = [(value, 0)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        depth += 1
-        deepest = max(deepest, depth)
-        pending.extend((child, depth) for child in children if isinstance(child, (dict, list)))
-    return deepest
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays/objects nest more than `limit` deep. Level by level, without
+    recursion, stopping at the limit: a few C-level list operations per level."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(limit):  # after n rounds, `level` holds the containers n + 1 deep
+        if not level:
+            return False
+        children: list[Any] = []
+        for item in level:
+            children.extend(item.values() if type(item) is dict else item)
+        level = [child for child in children if type(child) is dict or type(child) is list]
+    return bool(level)
 
 
 def is_credential_text(value: str) -> bool:
