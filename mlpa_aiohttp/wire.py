@@ -12,6 +12,7 @@ choke on it (a parser's recursion, a `str.encode`, PostgreSQL):
 * Credentials (bearer tokens, JWT envelopes, keys): `is_credential_text`. Tokens are
   visible ASCII; anything else (obs-text bytes, controls) is refused as an invalid
   credential by the path that reads it, with that path's own 401.
+* Header values that go into log lines: `loggable`.
 * Identifiers that are issued, looked up or stored (user ids, base identities):
   `is_identifier` / `is_base_identity`. No control characters and no lone surrogates
   (PostgreSQL cannot store NUL, UTF-8 cannot carry a surrogate); a base identity also has
@@ -88,6 +89,15 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
 def is_credential_text(value: str) -> bool:
     """A token or key as sent on the wire: visible ASCII (and spaces) only."""
     return value.isascii() and value.isprintable()
+
+
+def loggable(value: str) -> str:
+    """A header value as it may go into a log line: unchanged when printable; otherwise
+    escaped, so obs-text bytes (lone surrogates after aiohttp's decoding) and control
+    characters can neither break the log writer's UTF-8 encoding nor forge terminal output."""
+    if value.isprintable():
+        return value
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in value)
 
 
 def is_identifier(value: str) -> bool:

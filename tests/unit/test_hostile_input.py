@@ -231,3 +231,15 @@ async def test_malformed_http_is_400_with_one_warning_and_a_metric(
         "mlpa_bad_http_requests_total", {"reason": warnings[0]["reason"]}
     )
     assert counted == 1
+
+
+async def test_unprintable_client_text_is_escaped_in_log_lines(service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    # The console renderer writes strict UTF-8: a raw surrogate used to end in a
+    # "--- Logging error ---" traceback and a lost line.
+    body = json.dumps(chat_body(model="bad\u001bmodel")).encode()
+    headers = {"authorization": b"Bearer x", "service-type": b"ai", "user-agent": b"Firefox\xff/1"}
+    status, payload = status_and_json(await raw_exchange(service, raw_post("/v1/chat/completions", headers, body)))
+    assert (status, payload) == (400, {"detail": {"error": 8}})
+    line = events(caplog, "request")[-1]
+    assert (line["user_agent"], line["model"]) == ("Firefox\\udcff/1", "bad\\x1bmodel")
+    assert all(value.isprintable() for value in line.values() if isinstance(value, str))
