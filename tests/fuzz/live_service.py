@@ -67,10 +67,13 @@ class LiveService:
             "mlpa_ui_access_key": f"Bearer {TEST_SECRETS['MLPA_UI_ACCESS_KEY']}",
         }
 
-    def raw_request(self, request: bytes, timeout: float = 10.0) -> bytes:
-        """Send bytes exactly as given on a fresh connection; the whole answer."""
+    def raw_request(self, request: bytes, timeout: float = 10.0, *, end_input: bool = False) -> bytes:
+        """Send bytes exactly as given on a fresh connection; the whole answer. With
+        `end_input`, the sending side is shut after the bytes (the server reads EOF)."""
         with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
             sock.sendall(request)
+            if end_input:
+                sock.shutdown(socket.SHUT_WR)
             chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)

@@ -29,6 +29,10 @@ AUTH_PATHS = {
     "ui_key": ("/user/counts-by-service-type", b"", {}, "mlpa-ui-access-key", {401}),
     "service_type": ("/v1/chat/completions", CHAT, {"authorization": b"Bearer x"}, "service-type", {400, 401, 422}),
     "purpose": ("/v1/chat/completions", CHAT, {"authorization": b"Bearer x", "service-type": b"ai"}, "purpose", {400, 401}),
+    # Logged, not authenticating: the answer is the FxA path's 401 whatever they hold.
+    "user_agent": ("/v1/chat/completions", CHAT, {"authorization": b"Bearer x", "service-type": b"ai"}, "user-agent", {401}),
+    "session_id": ("/v1/search", SEARCH, {"authorization": b"Bearer x"}, "session-id", {401}),
+    "request_id": ("/v1/search", SEARCH, {"authorization": b"Bearer x"}, "x-request-id", {401}),
 }
 
 header_bytes = st.binary(max_size=60) | st.builds(
@@ -62,3 +66,23 @@ def test_arbitrary_header_bytes_get_a_documented_4xx(live: LiveService, no_new_e
         json.loads(answer.partition(b"\r\n\r\n")[2])
 
     exchange()
+
+
+request_lines = st.lists(st.binary(max_size=30), max_size=6)
+
+
+@fuzz_settings(150)
+@given(
+    start=st.sampled_from([b"GET /health/liveness HTTP/1.1", b"POST /verify/play HTTP/1.1", b"POST /v1/chat/completions HTTP/1.1"]),
+    lines=request_lines,
+    body=st.binary(max_size=40),
+)
+def test_garbage_requests_never_make_the_server_log_an_error(
+    live: LiveService, no_new_errors: None, start: bytes, lines: list[bytes], body: bytes
+) -> None:
+    """Whole requests of arbitrary header lines and body, the input then closed: whatever
+    aiohttp or the routes answer, it is not a 5xx and nothing is logged as an ERROR."""
+    request = b"\r\n".join([start, b"Host: fuzz", *lines]) + b"\r\n\r\n" + body
+    answer = live.raw_request(request, end_input=True)
+    if answer:
+        assert int(answer.split(b" ", 2)[1]) < 500, answer[:300]
