@@ -88,8 +88,11 @@ def _check_fields(payload: Mapping[str, Any], fields: Mapping[str, str], errors:
     return accepted
 
 
+_NOT_AN_OBJECT = "Input should be a valid dictionary or object to extract fields from"
+
+
 def parse_json_object(
-    raw: bytes, errors: list[dict[str, Any]], *, not_object_message: str = "Input should be a valid dictionary or object to extract fields from"
+    raw: bytes, errors: list[dict[str, Any]], *, not_object_message: str = _NOT_AN_OBJECT
 ) -> dict[str, Any] | None:
     """The body as a JSON object; a syntax error or a non-object is appended to `errors`
     (422), a body that cannot be held as values raises `BodyUnparseable` (400) at once."""

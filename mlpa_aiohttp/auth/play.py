@@ -20,9 +20,9 @@ from ..upstream.google import (
     PlayIntegrityUnavailable,
     decode_integrity_token,
 )
+from ..wire import is_base_identity
 from .access_token import AccessTokenInvalid, issue_access_token, verify_access_token
 from .dispatch import bearer_token
-from ..wire import is_base_identity
 from .play_integrity import VerdictRejected, check_verdict, is_plausible_integrity_token
 
 log = structlog.get_logger(__name__)
