@@ -243,3 +243,14 @@ async def test_unprintable_client_text_is_escaped_in_log_lines(service: Service,
     line = events(caplog, "request")[-1]
     assert (line["user_agent"], line["model"]) == ("Firefox\\udcff/1", "bad\\x1bmodel")
     assert all(value.isprintable() for value in line.values() if isinstance(value, str))
+
+
+async def test_non_http_first_line_is_counted_at_debug(service: Service, caplog: pytest.LogCaptureFixture) -> None:
+    # A TLS ClientHello on the plain port (or a scanner): aiohttp itself logs it at DEBUG.
+    answer = await raw_exchange(service, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40 + b"\r\n\r\n")
+    assert answer.split(b" ", 2)[1] == b"400", answer[:200]
+    no_error_logged(caplog)
+    lines = events(caplog, "bad_http_request")
+    assert [(line["level"], line["reason"]) for line in lines] == [("DEBUG", "BadHttpMethod")]
+    counted = service.app[keys.METRICS].registry.get_sample_value("mlpa_bad_http_requests_total", {"reason": "BadHttpMethod"})
+    assert counted == 1
