@@ -254,3 +254,17 @@ async def test_non_http_first_line_is_counted_at_debug(service: Service, caplog:
     assert [(line["level"], line["reason"]) for line in lines] == [("DEBUG", "BadHttpMethod")]
     counted = service.app[keys.METRICS].registry.get_sample_value("mlpa_bad_http_requests_total", {"reason": "BadHttpMethod"})
     assert counted == 1
+
+
+async def test_a_lone_surrogate_at_any_accepted_depth_is_removed_before_relaying(service: Service) -> None:
+    # Escaped in JSON, a lone surrogate is a valid body; UTF-8 cannot carry it upstream.
+    nested: Any = "x\ud800y"
+    for _ in range(100):
+        nested = [nested]
+    body = json.dumps(chat_body(messages=[{"role": "user", "content": nested}])).encode()
+    response = await service.client.post("/v1/chat/completions", data=body, headers=service.headers())
+    assert response.status == 200, await response.text()
+    relayed = service.litellm.requests_to("/v1/chat/completions")[-1].json["messages"][0]["content"]
+    for _ in range(100):
+        relayed = relayed[0]
+    assert relayed == "xy"
