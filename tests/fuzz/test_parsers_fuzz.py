@@ -15,7 +15,7 @@ from mlpa_aiohttp.auth.access_token import AccessTokenInvalid, verify_access_tok
 from mlpa_aiohttp.auth.dispatch import bearer_token
 from mlpa_aiohttp.auth.envelope import ASSERTION_CLAIMS, Base64Invalid, EnvelopeInvalid, decode_base64, decode_envelope
 from mlpa_aiohttp.auth.play import _parse_play_request
-from mlpa_aiohttp.errors import ApiError, BadRequest, RequestInvalid
+from mlpa_aiohttp.errors import ApiError, RequestInvalid
 from mlpa_aiohttp.models import CHAT_FIELDS, parse_chat, parse_search
 from mlpa_aiohttp.wire import (
     MAX_JSON_DEPTH,

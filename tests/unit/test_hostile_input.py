@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,7 @@ async def test_play_user_id_with_control_characters_gets_no_token(
 @pytest.mark.parametrize("sub", ["nul\x00id", "tab\tid", "lone\ud800", "has:colon"])
 async def test_access_token_with_a_bad_subject_is_401(service: Service, caplog: pytest.LogCaptureFixture, sub: str) -> None:
     # Tokens issued before identifiers were checked stay valid for a day: they are refused too.
-    token = issue_access_token(service.app[keys.SETTINGS].auth.access_token_secret, sub, 3600, __import__("time").time())
+    token = issue_access_token(service.app[keys.SETTINGS].auth.access_token_secret, sub, 3600, time.time())
     response = await service.chat(headers={"authorization": f"Bearer {token}", "service-type": "ai", "use-play-integrity": "1"})
     assert (response.status, await response.json()) == (401, {"detail": "Invalid MLPA access token"})
     assert not service.litellm.requests_to("/customer/new")
