@@ -75,15 +75,16 @@ def decode_json(raw: bytes) -> Any:
 def nests_deeper_than(value: Any, limit: int) -> bool:
     """Whether arrays/objects nest more than `limit` deep. Level by level, without
     recursion, stopping at the limit: a few C-level list operations per level."""
-    level = [value] if type(value) is dict or type(value) is list else []
-    for _ in range(limit):  # after n rounds, `level` holds the containers n + 1 deep
+    deeper = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(limit):  # after n rounds, `deeper` holds the containers n + 1 deep
+        level = [container for container in deeper if container]  # empty ones hold nothing
         if not level:
             return False
         children: list[Any] = []
         for item in level:
             children.extend(item.values() if type(item) is dict else item)
-        level = [child for child in children if type(child) is dict or type(child) is list]
-    return bool(level)
+        deeper = [child for child in children if type(child) is dict or type(child) is list]
+    return bool(deeper)
 
 
 def is_credential_text(value: str) -> bool:
