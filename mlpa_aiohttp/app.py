@@ -30,6 +30,7 @@ from .auth.play import PlayIntegrity
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
+from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
@@ -56,6 +57,10 @@ MAX_HEADER_FIELD_BYTES = 32 * 1024
 
 
 def create_app(settings: Settings) -> web.Application:
+    metrics = Metrics(
+        CollectorRegistry(auto_describe=True),
+        multiprocess=settings.observability.prometheus_multiproc_dir is not None,
+    )
     app = web.Application(
         middlewares=[request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
@@ -69,13 +74,12 @@ def create_app(settings: Settings) -> web.Application:
             # 10.7 KB; aiohttp's default 8190-byte field limit turned every real device's
             # attestation into a 400 before it reached the verifier.
             "max_field_size": MAX_HEADER_FIELD_BYTES,
+            # Malformed HTTP is a counted WARNING, not an ERROR with a traceback.
+            "logger": ServerLogger(metrics),
         },
     )
     app[keys.SETTINGS] = settings
-    app[keys.METRICS] = Metrics(
-        CollectorRegistry(auto_describe=True),
-        multiprocess=settings.observability.prometheus_multiproc_dir is not None,
-    )
+    app[keys.METRICS] = metrics
     app[keys.STREAMS] = StreamTracker()
     app.cleanup_ctx.append(_worker_gc_metrics_context)
     app.cleanup_ctx.append(_upstream_context)

@@ -6,13 +6,13 @@ reference's 422 shape; the field allowlist of spec §4.1 drops unknown fields.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
 from .errors import BadRequest, InvalidModelName, RequestInvalid, validation_error
+from .wire import JsonSyntaxError, decode_json
 
 MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
 
@@ -88,18 +88,24 @@ def _check_fields(payload: Mapping[str, Any], fields: Mapping[str, str], errors:
     return accepted
 
 
-def parse_json_object(raw: bytes, errors: list[dict[str, Any]]) -> dict[str, Any] | None:
+_NOT_AN_OBJECT = "Input should be a valid dictionary or object to extract fields from"
+
+
+def parse_json_object(
+    raw: bytes, errors: list[dict[str, Any]], *, not_object_message: str = _NOT_AN_OBJECT
+) -> dict[str, Any] | None:
+    """The body as a JSON object; a syntax error or a non-object is appended to `errors`
+    (422), a body that cannot be held as values raises `BodyUnparseable` (400) at once."""
     try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        position = getattr(exc, "pos", 0)
-        errors.append(validation_error(("body", position), "JSON decode error", "json_invalid"))
+        payload = decode_json(raw)
+    except JsonSyntaxError as exc:
+        errors.append(validation_error(("body", exc.position), "JSON decode error", "json_invalid"))
         return None
     if not isinstance(payload, dict):
         errors.append(
             validation_error(
                 ("body",),
-                "Input should be a valid dictionary or object to extract fields from",
+                not_object_message,
                 "model_attributes_type",
             )
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 import jwt
 
+from ..wire import is_base_identity, is_credential_text
+
 ISSUER = "mlpa"
 TOKEN_TYPE = "mlpa_access"
 ALGORITHM = "HS256"
@@ -39,6 +41,8 @@ def issue_access_token(secret: str, sub: str, ttl_seconds: int, now: datetime | 
 
 def verify_access_token(secret: str, token: str, now: datetime | float | None = None) -> str:
     """Return the token's `sub`, or raise `AccessTokenInvalid`."""
+    if not is_credential_text(token):
+        raise AccessTokenInvalid("not visible ASCII")
     try:
         claims: dict[str, Any] = jwt.decode(
             token,
@@ -63,6 +67,7 @@ def verify_access_token(secret: str, token: str, now: datetime | float | None = 
     if claims.get("typ") != TOKEN_TYPE:
         raise AccessTokenInvalid("wrong typ")
     subject = claims["sub"]
-    if not isinstance(subject, str) or not subject:
-        raise AccessTokenInvalid("sub is not a string")
+    if not isinstance(subject, str) or not is_base_identity(subject):
+        # Also refuses tokens issued before user ids were checked (a NUL, a ':').
+        raise AccessTokenInvalid("sub is not a valid user id")
     return subject

@@ -15,6 +15,8 @@ from typing import Any, Iterable
 
 import jwt
 
+from ..wire import is_credential_text
+
 ATTESTATION_CLAIMS: tuple[str, ...] = ("key_id_b64", "challenge_b64", "attestation_obj_b64", "bundle_id")
 ASSERTION_CLAIMS: tuple[str, ...] = ("key_id_b64", "challenge_b64", "assertion_obj_b64", "bundle_id")
 
@@ -43,6 +45,8 @@ def decode_envelope(authorization: str, required_claims: Iterable[str]) -> dict[
     token = token.strip()
     if not token:
         raise EnvelopeInvalid("empty token")
+    if not is_credential_text(token):
+        raise EnvelopeInvalid("not visible ASCII")
     try:
         header = jwt.get_unverified_header(token)
         if header.get("alg") not in jwt.PyJWS().get_algorithms():

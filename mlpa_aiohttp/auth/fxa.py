@@ -20,6 +20,7 @@ import structlog
 from jwt.algorithms import RSAAlgorithm
 
 from ..settings import FxASettings
+from ..wire import is_base_identity, is_credential_text
 
 log = structlog.get_logger(__name__)
 
@@ -125,6 +126,7 @@ class FxAVerifier:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def verify_scope(self, token: str, scope: str) -> FxAIdentity:
+        _require_credential_text(token)
         cache_key = hashlib.sha256(f"{scope}\0{token}".encode()).hexdigest()
         uid = self._cache.get(cache_key)
         if uid is not None:
@@ -139,6 +141,7 @@ class FxAVerifier:
     async def verify_jwt(self, token: str) -> FxAIdentity:
         """Local JWT verification only, against the cached JWKS (no result cache, no
         remote call): the load-test route's check (spec §1.7, decision 16)."""
+        _require_credential_text(token)
         if not _looks_like_jwt(token):
             raise FxAVerificationFailed("not a JWT access token")
         return await self._verify_locally(token, self._settings.scopes[0])
@@ -167,7 +170,7 @@ class FxAVerifier:
         granted = claims.get("scope", "")
         granted_scopes = granted.split() if isinstance(granted, str) else list(granted or [])
         _require_scope(granted_scopes, scope)
-        return FxAIdentity(str(claims["sub"]), "local")
+        return FxAIdentity(_require_identifier(str(claims["sub"])), "local")
 
     async def _signing_key(self, kid: str | None) -> Any:
         age = None if self._keys_fetched_at is None else self._clock() - self._keys_fetched_at
@@ -215,7 +218,19 @@ class FxAVerifier:
         if not isinstance(uid, str) or not uid or not isinstance(granted, list) or "client_id" not in payload:
             raise FxAVerificationFailed("FxA verify answer incomplete")
         _require_scope([g for g in granted if isinstance(g, str)], scope)
-        return FxAIdentity(uid, "remote")
+        return FxAIdentity(_require_identifier(uid), "remote")
+
+
+def _require_credential_text(token: str) -> None:
+    # Before any hashing or JWT parsing, which would re-encode the token.
+    if not is_credential_text(token):
+        raise FxAVerificationFailed("token is not visible ASCII")
+
+
+def _require_identifier(uid: str) -> str:
+    if not is_base_identity(uid):
+        raise FxAVerificationFailed("uid is not a valid user id")
+    return uid
 
 
 def _require_scope(granted: list[str], requested: str) -> None:

@@ -3,7 +3,6 @@ proxy routes (spec §1.5, §2.6; decisions 11, 15)."""
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -11,7 +10,7 @@ import aiohttp
 import structlog
 
 from ..errors import ApiError, AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError, validation_error
-from ..models import ProxyHeaders
+from ..models import ProxyHeaders, parse_json_object
 from ..observability.metrics import Metrics
 from ..settings import AuthSettings, PlaySettings
 from ..upstream.google import (
@@ -21,6 +20,7 @@ from ..upstream.google import (
     PlayIntegrityUnavailable,
     decode_integrity_token,
 )
+from ..wire import is_base_identity
 from .access_token import AccessTokenInvalid, issue_access_token, verify_access_token
 from .dispatch import bearer_token
 from .play_integrity import VerdictRejected, check_verdict, is_plausible_integrity_token
@@ -33,12 +33,9 @@ INVALID_ACCESS_TOKEN = "Invalid MLPA access token"
 def _parse_play_request(raw: bytes, default_package: str) -> tuple[str, str, str]:
     """The body as JSON whatever its content type (spec §5.1), in the 422 shape on error."""
     errors: list[dict[str, Any]] = []
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestInvalid([validation_error(("body", getattr(exc, "pos", 0)), "JSON decode error", "json_invalid")]) from None
-    if not isinstance(payload, dict):
-        raise RequestInvalid([validation_error(("body",), "Input should be a valid dictionary", "model_attributes_type")])
+    payload = parse_json_object(raw, errors, not_object_message="Input should be a valid dictionary")
+    if payload is None:
+        raise RequestInvalid(errors)
     values = {}
     for field, default in (("integrity_token", None), ("user_id", None), ("package_name", default_package)):
         value = payload.get(field, default)
@@ -75,8 +72,9 @@ class PlayIntegrity:
         integrity_token, user_id, package_name = _parse_play_request(raw_body, self._settings.package_name)
         if not is_plausible_integrity_token(integrity_token):
             raise BadRequest("Invalid integrity_token")
-        if not user_id or ":" in user_id:
-            # Decision 15: a ':' would break the `uid:service_type` namespace.
+        if not is_base_identity(user_id):
+            # Decision 15 (a ':' would break the `uid:service_type` namespace), and no
+            # control characters: the id ends up in PostgreSQL, which refuses a NUL.
             raise BadRequest("Invalid user_id")
         started = time.monotonic()
         result = "error"

@@ -15,6 +15,8 @@ from typing import Any, MutableMapping, Sequence, TextIO
 
 import structlog
 
+from ..wire import loggable
+
 # Keys whose values never reach a log line, at any depth of the event.
 REDACTED_KEYS = frozenset(
     {
@@ -57,6 +59,15 @@ def redact_sensitive(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutabl
     return event
 
 
+def escape_unprintable(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Client-supplied text (a User-Agent with obs-text bytes, a model name with a control
+    character) must neither break the writer's UTF-8 encoding nor forge terminal output."""
+    for key, value in event.items():
+        if type(value) is str and not value.isprintable():
+            event[key] = loggable(value)
+    return event
+
+
 def _shared_processors() -> list[Any]:
     return [
         structlog.contextvars.merge_contextvars,
@@ -64,6 +75,7 @@ def _shared_processors() -> list[Any]:
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         redact_sensitive,
+        escape_unprintable,
     ]
 
 

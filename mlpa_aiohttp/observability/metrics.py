@@ -95,6 +95,9 @@ class Metrics:
         self.requests_by_country = Counter(
             "mlpa_requests_by_country", "Requests by country", ("service_type", "model", "client_country"), registry=r
         )
+        self.bad_http_requests = Counter(
+            "mlpa_bad_http_requests", "Requests aiohttp's HTTP parser refused with a 4xx", ("reason",), registry=r
+        )
         self.status_codes = Counter("mlpa_response_status_codes", "Responses by status", ("status_code",), registry=r)
         self.request_latency = Histogram(
             "mlpa_request_latency_seconds", "Request latency", ("method", "endpoint"), buckets=REQUEST_BUCKETS, registry=r

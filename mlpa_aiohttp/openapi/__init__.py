@@ -23,6 +23,7 @@ from ..errors import (
     CODE_UPSTREAM_RATE_LIMITED,
 )
 from ..models import CHAT_FIELDS
+from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
 
@@ -40,6 +41,11 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)"""
 
+BODY_UNPARSEABLE_TEXT = (
+    f"JSON values (nested deeper than {MAX_JSON_DEPTH}, not UTF-8, an oversized integer): "
+    f'`{{"detail": "{BODY_UNPARSEABLE}"}}`'
+)
+
 STREAM_TEXT = """`text/event-stream; charset=utf-8`. The status is always 200; LiteLLM's
 `data: {...}` chunks are relayed byte for byte and end with `data: [DONE]`. A stream that
 fails ends instead with one error frame and no `[DONE]`:
@@ -49,6 +55,17 @@ fails ends instead with one error frame and no `[DONE]`:
   upstream stream);
 * `data: {"code": 503, "error": "Server shutting down"}`: the server stopped during the
   stream (graceful shutdown)."""
+
+_SSE_EVENT: Schema = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "string", "description": "A JSON chunk, an error frame or `[DONE]`."},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
 
 _FIELD_SCHEMAS: dict[str, Schema] = {
     "str": {"type": "string"},
@@ -137,7 +154,9 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
         "400": _json(
             {"oneOf": [_ref("DetailErrorCode"), _ref("DetailMessage"), _ref("DetailErrorMessage")]},
             "Invalid model name (`{\"detail\": {\"error\": 8}}`), invalid request (code 9), a model / "
-            "service-type / purpose mismatch (`{\"detail\": \"...\"}`), or an unclassified upstream 400.",
+            "service-type / purpose mismatch (`{\"detail\": \"...\"}`), a body that cannot be read as "
+            + BODY_UNPARSEABLE_TEXT
+            + ", or an unclassified upstream 400.",
         ),
         "401": _json(_ref("DetailMessage"), "Authentication failed, e.g. `{\"detail\": \"Invalid FxA auth\"}`."),
         "403": _json(
@@ -186,6 +205,7 @@ def _user_update(description: str, error: str, *, body: Schema | None = None) ->
     }
     if body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+        operation["responses"]["400"] = _json(_ref("DetailMessage"), "A body that cannot be read as " + BODY_UNPARSEABLE_TEXT)
         operation["responses"]["422"] = _json(
             {"oneOf": [_ref("HTTPValidationError"), _ref("DetailErrorMessage")]}, "Invalid body or unknown service type."
         )
@@ -205,7 +225,9 @@ def _chat_operation(summary: str, description: str, headers: list[Schema], *, ba
                 "description": "A completion (`stream: false`) or an SSE stream (`stream: true`).",
                 "content": {
                     "application/json": {"schema": _ref("ChatCompletion")},
-                    "text/event-stream": {"schema": {"type": "string", "description": STREAM_TEXT}},
+                    # Before OpenAPI 3.2 (no `itemSchema`) an event stream's `schema` describes
+                    # each event, not the whole body.
+                    "text/event-stream": {"schema": {**_SSE_EVENT, "description": STREAM_TEXT}},
                 },
             },
             **_proxy_error_responses(bare_413=bare_413),
@@ -435,7 +457,11 @@ def _paths(*, mock_routes: bool) -> Schema:
                         },
                         "MLPA access token (HS256 JWT)",
                     ),
-                    "400": _json(_ref("DetailMessage"), "`Invalid integrity_token` or an invalid `user_id`"),
+                    "400": _json(
+                        _ref("DetailMessage"),
+                        "`Invalid integrity_token`, an invalid `user_id` (empty, or with `:` or a control "
+                        "character), or a body that cannot be read as " + BODY_UNPARSEABLE_TEXT,
+                    ),
                     "401": _json(
                         {"oneOf": [_ref("DetailMessage"), _ref("DetailErrorMessage")]},
                         "Verdict rejected, stale, or Google rejected the token",

@@ -28,6 +28,7 @@ from ..catalog import ServiceType, service_type_list_text
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault, validation_error
 from ..models import parse_json_object
 from ..store.base import EndUser, StoreUnavailable
+from ..wire import is_identifier
 
 MASTER_KEY_HEADERS = ("master_key", "master-key")
 UI_ACCESS_KEY_HEADERS = ("mlpa_ui_access_key", "mlpa-ui-access-key")
@@ -161,8 +162,8 @@ async def user_info(request: web.Request) -> web.Response:
     """LiteLLM's `/customer/info` for one end user, verbatim (master key, decision 10)."""
     require_master_key(request)
     user_id = request.match_info["user_id"]
-    if not user_id.strip():
-        raise NotFound("User not found")
+    if not user_id.strip() or not is_identifier(user_id):
+        raise NotFound("User not found")  # blank, or never issued (wire rules)
     try:
         reply = await request.config_dict[keys.LITELLM].customer_info(user_id)
     except (aiohttp.ClientError, TimeoutError):
@@ -201,6 +202,7 @@ def _set_blocked(blocked: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         require_master_key(request)
         try:
+            # An id the wire rules refuse is never stored: the store finds nothing (404).
             user: EndUser | None = await request.config_dict[keys.STORE].set_blocked(
                 request.match_info["user_id"], blocked
             )

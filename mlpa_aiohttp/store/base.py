@@ -12,6 +12,17 @@ from datetime import datetime
 from typing import Any, Mapping, Protocol
 
 from ..catalog import BudgetTier, ServiceType
+from ..wire import is_identifier
+
+
+class InvalidIdentifier(ValueError):
+    """A user id the wire rules refuse (control characters, lone surrogates): it is never
+    stored, so lookups find nothing and creation refuses it."""
+
+
+def require_identifier(user_id: str) -> None:
+    if not is_identifier(user_id):
+        raise InvalidIdentifier("user id has control characters or lone surrogates")
 
 
 class StoreUnavailable(Exception):

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..catalog import BudgetTier, ServiceType
-from .base import Admission, CapacityState, CapacityStateMissing, CustomerCreator, EndUser
+from .base import Admission, CapacityState, CapacityStateMissing, CustomerCreator, EndUser, require_identifier
 
 
 def _now() -> datetime:
@@ -37,6 +37,7 @@ class MemoryUserStore:
         return None if row is None else _end_user(row)
 
     async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
+        require_identifier(user_id)
         await self._customers.create_customer(user_id, budget_id)
         # The Postgres store re-reads LiteLLM's table here; in memory we record the row
         # LiteLLM would have written (setdefault keeps a concurrent creator's row).

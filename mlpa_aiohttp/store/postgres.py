@@ -19,7 +19,8 @@ import asyncpg
 
 from ..catalog import BudgetTier, ServiceType
 from ..settings import PostgresSettings, Settings
-from .base import Admission, CapacityState, CustomerCreator, EndUser
+from ..wire import is_identifier
+from .base import Admission, CapacityState, CustomerCreator, EndUser, require_identifier
 from .capacity import SignupCapacity
 from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
 
@@ -104,11 +105,14 @@ class PostgresUserStore:
 
     # -- end users -----------------------------------------------------------------
     async def get_user(self, user_id: str) -> EndUser | None:
+        if not is_identifier(user_id):
+            return None  # never stored (PostgreSQL would refuse a NUL in the query)
         # Hot path: one autocommit statement under the session's default budget.
         row = await retry_stale("get_user", lambda: self._pools.litellm.fetchrow(_SELECT_USER, user_id))
         return None if row is None else end_user(row)
 
     async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
+        require_identifier(user_id)
         await self._customers.create_customer(user_id, budget_id)
         return await self.get_user(user_id)
 
@@ -173,6 +177,8 @@ class PostgresUserStore:
 
     # Both updates set absolute values, so a retry after a dropped connection is safe.
     async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        if not is_identifier(user_id):
+            return None
         row = await retry_stale(
             "set_budget",
             lambda: self._pools.litellm.fetchrow(
@@ -182,6 +188,8 @@ class PostgresUserStore:
         return None if row is None else end_user(row)
 
     async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None:
+        if not is_identifier(user_id):
+            return None
         row = await retry_stale(
             "set_blocked",
             lambda: self._pools.litellm.fetchrow(

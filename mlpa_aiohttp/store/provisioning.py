@@ -14,6 +14,7 @@ import structlog
 from ..catalog import BudgetTier, ServiceType
 from ..errors import ApiError, BadRequest, ServerFault, SignupCapExceeded
 from ..settings import SignupCapSettings
+from ..wire import is_base_identity
 from .base import CapacityStateMissing, EndUser, UserStore
 
 log = structlog.get_logger(__name__)
@@ -35,7 +36,7 @@ class Provisioner:
     async def get_or_create(self, user_id: str) -> EndUser:
         base_identity, _, suffix = user_id.partition(":")
         service_type = ServiceType.parse(suffix)
-        if not base_identity or service_type is None:
+        if not is_base_identity(base_identity) or service_type is None:
             raise BadRequest(INVALID_USER_ID)
         try:
             user = await self._store.get_user(user_id)

@@ -8,9 +8,12 @@ from typing import Any
 
 from ..models import ChatRequest, SearchRequest
 from ..settings import CompletionDefaults
+from ..wire import MAX_JSON_DEPTH
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-_MAX_SANITIZE_DEPTH = 32
+# Every depth a request body may have (the reference stopped at 32, so a surrogate deeper
+# down still failed the UTF-8 encoding: a 500).
+_MAX_SANITIZE_DEPTH = MAX_JSON_DEPTH
 
 
 class UpstreamBody:

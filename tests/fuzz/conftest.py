@@ -1,0 +1,66 @@
+"""Fuzzing fixtures and the bounded, reproducible hypothesis settings of the default run.
+
+`MLPA_FUZZ=long` runs twenty times the examples with fresh random seeds (and remembers
+failures in `.hypothesis/`); the default is derandomized, so CI is reproducible.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from .live_service import LiveService, live_service
+
+LONG = os.environ.get("MLPA_FUZZ", "").lower() == "long"
+
+
+def fuzz_settings(max_examples: int, **overrides: object) -> settings:
+    """Bounded and derandomized by default; `MLPA_FUZZ=long` for a deeper search."""
+    return settings(
+        max_examples=max_examples * (20 if LONG else 1),
+        derandomize=not LONG,
+        database=None if not LONG else settings.default.database,
+        deadline=None,
+        print_blob=True,
+        # Function-scoped fixtures (the live service's error check) deliberately span all
+        # the examples of a test.
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture,
+        ],
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
+    with live_service(Path(tmp_path_factory.mktemp("live"))) as service:
+        yield service
+
+
+def _event(record: logging.LogRecord) -> str:
+    return str(record.msg.get("event", "")) if isinstance(record.msg, dict) else ""
+
+
+@pytest.fixture
+def no_new_errors(live: LiveService) -> Iterator[None]:
+    """The test must not make the service log an ERROR or a traceback.
+
+    One ERROR is by design (spec §4.6): LiteLLM answering an error the classifier does
+    not know (`*_upstream_error`, no traceback), e.g. its 400 for an empty search query.
+    """
+    before = len(live.errors.records)
+    yield
+    new = [
+        r
+        for r in live.errors.records[before:]
+        if r.exc_info or not (r.levelno == logging.ERROR and _event(r).endswith("_upstream_error"))
+    ]
+    assert not new, [f"{r.name}: {r.getMessage()}" for r in new]
