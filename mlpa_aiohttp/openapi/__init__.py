@@ -23,6 +23,7 @@ from ..errors import (
     CODE_UPSTREAM_RATE_LIMITED,
 )
 from ..models import CHAT_FIELDS
+from ..store.base import MEMORY_STORE_STATE
 from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
@@ -334,7 +335,8 @@ def _components() -> Schema:
                     "pg_server_dbs": {
                         "type": "object",
                         "properties": {
-                            name: {"type": "string", "enum": ["connected", "offline"]} for name in ("postgres", "app_attest")
+                            name: {"type": "string", "enum": ["connected", "offline", MEMORY_STORE_STATE]}
+                            for name in ("postgres", "app_attest")
                         },
                     },
                     "litellm": {

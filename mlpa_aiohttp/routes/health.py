@@ -13,12 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__, keys
 from ..observability.metrics import exposition
-from ..store.base import StoreUnavailable
+from ..store.base import MEMORY_STORE_STATE, StoreUnavailable
 
 log = structlog.get_logger(__name__)
-
-MEMORY_STORE_STATE = "not used (MLPA_STORE=memory)"
-
 
 async def liveness(request: web.Request) -> web.Response:
     """No I/O: 200 while the event loop runs."""

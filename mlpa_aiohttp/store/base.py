@@ -15,6 +15,9 @@ from ..catalog import BudgetTier, ServiceType
 from ..wire import is_identifier
 
 
+# Readiness reports this for the databases a memory store does not use (the demo).
+MEMORY_STORE_STATE = "not used (MLPA_STORE=memory)"
+
 class InvalidIdentifier(ValueError):
     """A user id the wire rules refuse (control characters, lone surrogates): it is never
     stored, so lookups find nothing and creation refuses it."""
