@@ -48,6 +48,7 @@ from .store.memory import MemoryUserStore
 from .store.pools import open_pools
 from .store.postgres import PostgresUserStore
 from .store.provisioning import Provisioner
+from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
 
@@ -77,6 +78,7 @@ def create_app(settings: Settings) -> web.Application:
         multiprocess=settings.observability.prometheus_multiproc_dir is not None,
     )
     app[keys.STREAMS] = StreamTracker()
+    app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     app.cleanup_ctx.append(_worker_gc_metrics_context)
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)

@@ -10,7 +10,15 @@ import structlog
 from aiohttp import web
 
 from .. import keys
-from ..errors import ApiError, AuthRejected, BadRequest, InvalidModelName, SignupCapExceeded, UserBlocked
+from ..errors import (
+    ApiError,
+    AuthRejected,
+    BadRequest,
+    InvalidModelName,
+    SignupCapExceeded,
+    TooManyStreams,
+    UserBlocked,
+)
 from ..models import (
     ChatRequest,
     check_model_name,
@@ -28,6 +36,8 @@ from ..relay.stream import StreamRelay
 from ..store.base import EndUser
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
 from .request_body import read_body
+
+log = structlog.get_logger(__name__)
 
 
 def _bind_principal(principal: Principal) -> None:
@@ -86,6 +96,8 @@ class PreparedCompletion:
     body: UpstreamBody
     stream: bool
     outcome: CompletionOutcome
+    # The LiteLLM end user `uid:service_type`: the identity a stream slot is held for.
+    user_id: str
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -105,10 +117,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
         )
-        return await relay.run()
+        slots = app[keys.STREAM_SLOTS]
+        if not slots.enabled:
+            return await relay.run()
+        _take_stream_slot(request, completion)
+        try:
+            return await relay.run()
+        finally:
+            # Every way out: the end of the stream, an upstream error, the client's
+            # hang-up (a CancelledError from the connection-lost callback), shutdown.
+            slots.give_back(completion.user_id)
     return await relay_completion(
         client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
     )
+
+
+def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> None:
+    """Claim one of the caller's open-stream slots or refuse with 429, error 10. No await
+    between the check and the claim (StreamSlots.try_take is synchronous)."""
+    slots = request.app[keys.STREAM_SLOTS]
+    if slots.try_take(completion.user_id):
+        return
+    outcome = completion.outcome
+    labels = {"model": outcome.model, "service_type": outcome.service_type, "purpose": outcome.purpose}
+    metrics = request.app[keys.METRICS]
+    metrics.chat_rejection("concurrent_stream_limit", **labels)
+    metrics.chat_availability("concurrent_stream_limit", **labels)
+    log.warning("concurrent_stream_limit", limit=slots.limit)
+    raise TooManyStreams()
 
 
 async def _prepare_completion(request: web.Request, started: float) -> PreparedCompletion:
@@ -131,6 +167,7 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
         outcome=CompletionOutcome(
             metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started
         ),
+        user_id=principal.user_id,
     )
 
 
