@@ -21,6 +21,7 @@ from ..errors import (
 )
 from ..models import (
     ChatRequest,
+    ProxyHeaders,
     check_model_name,
     check_model_service_type,
     check_search_service_type,
@@ -49,12 +50,21 @@ def _bind_principal(principal: Principal) -> None:
     )
 
 
+async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_body: bytes) -> Principal:
+    """The authorize step every authenticated route shares: purpose rules, then the auth
+    chain (App Attest, access token, dev key + FxA, FxA); the principal joins the log context."""
+    settings = request.app[keys.SETTINGS]
+    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+    principal = await request.app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    _bind_principal(principal)
+    return principal
+
+
 async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     """Steps shared by the chat route and the mock chat route (spec §1.7, §1.8): validate,
     check model and purpose, authenticate; availability is recorded for each rejection, and
     the country metric once the caller is known."""
-    app = request.app
-    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    metrics = request.app[keys.METRICS]
     raw_body = await read_body(request)
     headers, chat = parse_chat(raw_body, request.headers)
     service_type = headers.service_type.value
@@ -74,15 +84,13 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
         unavailable("invalid_service_type_for_model")
         raise
     try:
-        purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
-        principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+        principal = await authenticate_caller(request, headers, raw_body)
     except AuthRejected:
         unavailable("auth_rejected")
         raise
     except BadRequest:
         unavailable("invalid_auth_request")
         raise
-    _bind_principal(principal)
     metrics.requests_by_country.labels(
         service_type, clamp_model(chat.model), clamp_country(request.headers.get("X-Geo-Country"))
     ).inc()
@@ -191,9 +199,8 @@ async def search(request: web.Request) -> web.Response:
     settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
     raw_body = await read_body(request)
     headers, query = parse_search(raw_body, request.headers)
-    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
-    principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
-    _bind_principal(principal)
+    principal = await authenticate_caller(request, headers, raw_body)
+    purpose = principal.purpose
     metrics.requests_by_country.labels(
         principal.service_type.value, "exa-search", clamp_country(request.headers.get("X-Geo-Country"))
     ).inc()
