@@ -49,6 +49,7 @@ from .store.memory import MemoryUserStore
 from .store.pools import open_pools
 from .store.postgres import PostgresUserStore
 from .store.provisioning import Provisioner
+from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
 
@@ -81,6 +82,7 @@ def create_app(settings: Settings) -> web.Application:
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics
     app[keys.STREAMS] = StreamTracker()
+    app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     app.cleanup_ctx.append(_worker_gc_metrics_context)
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)

@@ -11,6 +11,7 @@ them to HTTP (`middlewares.error_middleware`), so no module here imports `aiohtt
     │   ├── SignupCapExceeded     403 {"detail": {"error": 4}}
     │   └── UserBlocked           403 {"detail": {"error": "User is blocked."}}
     ├── NotFound                  404 {"detail": <text>}
+    ├── TooManyStreams            429 {"detail": {"error": 10}} + Retry-After (ours, off by default)
     ├── UpstreamRejected          classified LiteLLM error: 4xx {"detail": {"error": N}} + Retry-After
     ├── UpstreamError             unclassified / transport: {"detail": {"error": <text>}}
     └── ServerFault               5xx {"detail": <text or object>}: our own dependency failed
@@ -29,6 +30,10 @@ CODE_SIGNUP_CAP = 4
 CODE_UPSTREAM_RATE_LIMITED = 5
 CODE_INVALID_MODEL_NAME = 8
 CODE_INVALID_REQUEST = 9
+# Ours, beyond the reference's catalogue (1-9; 6 and 7 belong to the Fastly edge): the
+# caller already holds MAX_CONCURRENT_STREAMS_PER_USER open streams.
+CODE_TOO_MANY_STREAMS = 10
+TOO_MANY_STREAMS_RETRY_AFTER_SECONDS = 5
 
 GENERIC_UPSTREAM_MESSAGE = "Upstream service returned an error"
 
@@ -122,6 +127,18 @@ class UserBlocked(Forbidden):
 
 class NotFound(ApiError):
     status = 404
+
+
+class TooManyStreams(ApiError):
+    """One identity already holds its share of open streams in this worker."""
+
+    status = 429
+
+    def __init__(self) -> None:
+        super().__init__(
+            {"error": CODE_TOO_MANY_STREAMS},
+            headers={"Retry-After": str(TOO_MANY_STREAMS_RETRY_AFTER_SECONDS)},
+        )
 
 
 class UpstreamRejected(ApiError):

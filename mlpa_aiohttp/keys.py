@@ -18,11 +18,13 @@ from .settings import Settings
 from .store.base import UserStore
 from .store.pools import Pools
 from .store.provisioning import Provisioner
+from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
+STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

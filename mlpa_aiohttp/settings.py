@@ -256,6 +256,13 @@ class ObservabilitySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamLimitSettings:
+    """Beyond the reference: open streams one identity may hold per worker (0 = no cap)."""
+
+    max_concurrent_streams_per_user: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     server: ServerSettings = ServerSettings()
     upstream: UpstreamSettings = UpstreamSettings()
@@ -269,6 +276,7 @@ class Settings:
     app_attest: AppAttestSettings = AppAttestSettings()
     play: PlaySettings = PlaySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
+    stream_limits: StreamLimitSettings = StreamLimitSettings()
 
     @classmethod
     def from_environ(
@@ -322,6 +330,9 @@ class Settings:
             observability=ObservabilitySettings(
                 sentry_dsn=env.str("SENTRY_DSN", ""),
                 prometheus_multiproc_dir=env.optional_str("PROMETHEUS_MULTIPROC_DIR"),
+            ),
+            stream_limits=StreamLimitSettings(
+                max_concurrent_streams_per_user=env.int("MAX_CONCURRENT_STREAMS_PER_USER", 0, minimum=0),
             ),
         )
         if check_secrets and not (debug or demo):

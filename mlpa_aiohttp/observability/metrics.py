@@ -47,6 +47,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "client_disconnect": "abort",
     # Ours: a stream ended by a deploy's drain deadline is not the service failing users.
     "server_shutdown": "excluded",
+    # Ours: MAX_CONCURRENT_STREAMS_PER_USER turned a caller away, a policy like a rate limit.
+    "concurrent_stream_limit": "excluded",
 }
 
 _CHAT = ("model", "service_type", "purpose")

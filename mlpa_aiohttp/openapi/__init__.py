@@ -20,7 +20,9 @@ from ..errors import (
     CODE_PAYLOAD_TOO_LARGE,
     CODE_RATE_LIMITED,
     CODE_SIGNUP_CAP,
+    CODE_TOO_MANY_STREAMS,
     CODE_UPSTREAM_RATE_LIMITED,
+    TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
 from ..models import CHAT_FIELDS
 from ..store.base import MEMORY_STORE_STATE
@@ -40,7 +42,9 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_SIGNUP_CAP}: maximum number of signed-in users reached (403)
 * {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: 60`)
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
-* {CODE_INVALID_REQUEST}: invalid request body (400)"""
+* {CODE_INVALID_REQUEST}: invalid request body (400)
+* {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
+  (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)"""
 
 BODY_UNPARSEABLE_TEXT = (
     f"JSON values (nested deeper than {MAX_JSON_DEPTH}, not UTF-8, an oversized integer): "
@@ -99,7 +103,12 @@ def _header(name: str, description: str, schema: Schema | None = None, *, requir
 
 
 _BOOL_HEADER = {"type": "boolean", "default": False}
-_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait (86400 for code 1, 60 for 2 and 5)", "schema": {"type": "integer"}}}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": f"Seconds to wait (86400 for code 1, 60 for 2 and 5, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for 10)",
+        "schema": {"type": "integer"},
+    }
+}
 
 
 def _all_purposes() -> list[str]:
@@ -172,7 +181,11 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
             + "; or the context window was exceeded (`{\"detail\": {\"error\": 3}}`).",
         ),
         "422": _json(_ref("HTTPValidationError"), "Invalid headers or body."),
-        "429": _json(_ref("DetailErrorCode"), "Budget or rate limit (codes 1, 2, 5).", headers=_RETRY_AFTER),
+        "429": _json(
+            _ref("DetailErrorCode"),
+            "Budget or rate limit (codes 1, 2, 5), or too many open streams (code 10, streamed chat only).",
+            headers=_RETRY_AFTER,
+        ),
         "500": _json(_ref("DetailAny"), "User provisioning failed or an unexpected error."),
         "502": _json(_ref("DetailErrorMessage"), "LiteLLM could not be reached: `{\"detail\": {\"error\": \"Failed to proxy request\"}}`."),
     }
@@ -236,6 +249,30 @@ def _chat_operation(summary: str, description: str, headers: list[Schema], *, ba
     }
 
 
+def _usage_operation() -> Schema:
+    headers = [h for h in _proxy_headers(tuple(st.value for st in ServiceType), default=None) if h["name"] != "X-Geo-Country"]
+    errors = _proxy_error_responses(bare_413=False)
+    return {
+        "tags": ["usage"],
+        "summary": "The caller's own spend and budget limits for one service type",
+        "description": "Authenticated exactly as `POST /v1/chat/completions` (same headers, auth chain and "
+        "service-type rules; an App Attest assertion signs the empty body). Reads the caller's LiteLLM end "
+        "user `<uid>:<service-type>` and its budget; no parameter can name another user. A user LiteLLM "
+        "does not know yet is 404 (reading creates nobody). Not a route of the reference.",
+        "security": [{"ClientAuth": []}],
+        "parameters": headers,
+        "responses": {
+            "200": _json(_ref("Usage"), "Spend, budget and limits; budget fields are null when the user has no budget."),
+            "400": _json(_ref("DetailMessage"), "A purpose that does not fit the service type."),
+            "401": errors["401"],
+            "403": _json(_ref("DetailErrorCodeOrMessage"), "User blocked (`{\"detail\": {\"error\": \"User is blocked.\"}}`)."),
+            "404": _json(_ref("DetailMessage"), "`{\"detail\": \"User not found\"}`: no request of this service type yet."),
+            "422": _json(_ref("HTTPValidationError"), "Missing or invalid headers."),
+            "500": _json(_ref("DetailErrorMessage"), "`{\"detail\": {\"error\": \"Error fetching usage\"}}`: the database failed."),
+        },
+    }
+
+
 def _components() -> Schema:
     chat_properties = {name: dict(_FIELD_SCHEMAS[kind]) for name, kind in CHAT_FIELDS.items()}
     chat_properties["model"]["pattern"] = r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$"
@@ -271,7 +308,7 @@ def _components() -> Schema:
         "schemas": {
             "ErrorCode": {
                 "type": "object",
-                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9]}},
+                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_TOO_MANY_STREAMS]}},
                 "required": ["error"],
             },
             "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},
@@ -283,6 +320,27 @@ def _components() -> Schema:
             },
             "DetailErrorCodeOrMessage": {"oneOf": [_ref("DetailErrorCode"), _ref("DetailErrorMessage")]},
             "DetailAny": {"type": "object", "properties": {"detail": {}}, "required": ["detail"]},
+            "Usage": {
+                "type": "object",
+                "properties": {
+                    "service_type": {"type": "string", "enum": [st.value for st in ServiceType]},
+                    "spend": {"type": "number", "description": "USD spent in the current budget period"},
+                    "max_budget": {"type": ["number", "null"], "description": "USD allowed per budget period"},
+                    "remaining_budget": {"type": ["number", "null"], "description": "max(0, max_budget - spend)"},
+                    "budget_duration": {"type": ["string", "null"], "description": "Budget period, e.g. `1d`, `7d`"},
+                    "budget_reset_at": {
+                        "type": ["string", "null"],
+                        "format": "date-time",
+                        "description": "When LiteLLM next resets the spend; null until LiteLLM has set it",
+                    },
+                    "tpm_limit": {"type": ["integer", "null"], "description": "Tokens per minute"},
+                    "rpm_limit": {"type": ["integer", "null"], "description": "Requests per minute"},
+                },
+                "required": [
+                    "service_type", "spend", "max_budget", "remaining_budget", "budget_duration",
+                    "budget_reset_at", "tpm_limit", "rpm_limit",
+                ],
+            },
             "ValidationError": {
                 "type": "object",
                 "properties": {
@@ -588,6 +646,7 @@ def _paths(*, mock_routes: bool) -> Schema:
                 },
             }
         },
+        "/v1/usage": {"get": _usage_operation()},
         "/admin": {
             "get": {
                 "tags": ["admin"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, proxy
+from . import health, proxy, usage
 from .admin import setup_admin_routes
 from .docs import setup_docs_routes
 from .mock import setup_mock_routes
@@ -18,6 +18,8 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/metrics", health.metrics)
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/search", proxy.search)
+    # Beyond the reference: the caller's own budget and limits.
+    router.add_get("/v1/usage", usage.usage)
     # App Attest challenge/attestation and the Play Integrity token exchange.
     setup_verify_routes(app)
     # `/user/*` admin API and the `/admin` page (their own key checks).

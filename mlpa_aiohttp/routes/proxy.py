@@ -10,9 +10,18 @@ import structlog
 from aiohttp import web
 
 from .. import keys
-from ..errors import ApiError, AuthRejected, BadRequest, InvalidModelName, SignupCapExceeded, UserBlocked
+from ..errors import (
+    ApiError,
+    AuthRejected,
+    BadRequest,
+    InvalidModelName,
+    SignupCapExceeded,
+    TooManyStreams,
+    UserBlocked,
+)
 from ..models import (
     ChatRequest,
+    ProxyHeaders,
     check_model_name,
     check_model_service_type,
     check_search_service_type,
@@ -29,6 +38,8 @@ from ..store.base import EndUser
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
 from .request_body import read_body
 
+log = structlog.get_logger(__name__)
+
 
 def _bind_principal(principal: Principal) -> None:
     structlog.contextvars.bind_contextvars(
@@ -39,12 +50,21 @@ def _bind_principal(principal: Principal) -> None:
     )
 
 
+async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_body: bytes) -> Principal:
+    """The authorize step every authenticated route shares: purpose rules, then the auth
+    chain (App Attest, access token, dev key + FxA, FxA); the principal joins the log context."""
+    settings = request.app[keys.SETTINGS]
+    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+    principal = await request.app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    _bind_principal(principal)
+    return principal
+
+
 async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     """Steps shared by the chat route and the mock chat route (spec §1.7, §1.8): validate,
     check model and purpose, authenticate; availability is recorded for each rejection, and
     the country metric once the caller is known."""
-    app = request.app
-    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
+    metrics = request.app[keys.METRICS]
     raw_body = await read_body(request)
     headers, chat = parse_chat(raw_body, request.headers)
     service_type = headers.service_type.value
@@ -64,15 +84,13 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
         unavailable("invalid_service_type_for_model")
         raise
     try:
-        purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
-        principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+        principal = await authenticate_caller(request, headers, raw_body)
     except AuthRejected:
         unavailable("auth_rejected")
         raise
     except BadRequest:
         unavailable("invalid_auth_request")
         raise
-    _bind_principal(principal)
     metrics.requests_by_country.labels(
         service_type, clamp_model(chat.model), clamp_country(request.headers.get("X-Geo-Country"))
     ).inc()
@@ -86,6 +104,8 @@ class PreparedCompletion:
     body: UpstreamBody
     stream: bool
     outcome: CompletionOutcome
+    # The LiteLLM end user `uid:service_type`: the identity a stream slot is held for.
+    user_id: str
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -105,10 +125,34 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
         )
-        return await relay.run()
+        slots = app[keys.STREAM_SLOTS]
+        if not slots.enabled:
+            return await relay.run()
+        _take_stream_slot(request, completion)
+        try:
+            return await relay.run()
+        finally:
+            # Every way out: the end of the stream, an upstream error, the client's
+            # hang-up (a CancelledError from the connection-lost callback), shutdown.
+            slots.give_back(completion.user_id)
     return await relay_completion(
         client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
     )
+
+
+def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> None:
+    """Claim one of the caller's open-stream slots or refuse with 429, error 10. No await
+    between the check and the claim (StreamSlots.try_take is synchronous)."""
+    slots = request.app[keys.STREAM_SLOTS]
+    if slots.try_take(completion.user_id):
+        return
+    outcome = completion.outcome
+    labels = {"model": outcome.model, "service_type": outcome.service_type, "purpose": outcome.purpose}
+    metrics = request.app[keys.METRICS]
+    metrics.chat_rejection("concurrent_stream_limit", **labels)
+    metrics.chat_availability("concurrent_stream_limit", **labels)
+    log.warning("concurrent_stream_limit", limit=slots.limit)
+    raise TooManyStreams()
 
 
 async def _prepare_completion(request: web.Request, started: float) -> PreparedCompletion:
@@ -131,6 +175,7 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
         outcome=CompletionOutcome(
             metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started
         ),
+        user_id=principal.user_id,
     )
 
 
@@ -154,9 +199,8 @@ async def search(request: web.Request) -> web.Response:
     settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
     raw_body = await read_body(request)
     headers, query = parse_search(raw_body, request.headers)
-    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
-    principal = await app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
-    _bind_principal(principal)
+    principal = await authenticate_caller(request, headers, raw_body)
+    purpose = principal.purpose
     metrics.requests_by_country.labels(
         principal.service_type.value, "exa-search", clamp_country(request.headers.get("X-Geo-Country"))
     ).inc()

@@ -46,6 +46,22 @@ class EndUser:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetUsage:
+    """One end user's spend and the limits of its budget (`GET /v1/usage`). The budget
+    fields are None when the user has no budget or its budget row is missing."""
+
+    spend: float
+    blocked: bool
+    budget_id: str | None
+    max_budget: float | None
+    budget_duration: str | None
+    # When LiteLLM next resets the budget's spend; None until LiteLLM has set it.
+    budget_reset_at: datetime | None
+    tpm_limit: int | None
+    rpm_limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     admitted: bool
     newly_claimed: bool
@@ -71,6 +87,11 @@ class UserStore(Protocol):
     async def create_user(self, user_id: str, budget_id: str) -> EndUser | None:
         """Ask LiteLLM to create the end user (its status is ignored, so a concurrent
         duplicate is harmless), then re-read; None when the user still does not exist."""
+        ...
+
+    async def get_usage(self, user_id: str) -> BudgetUsage | None:
+        """The user's spend joined with its budget's limits; None when the user does not
+        exist. Reads one user only: the id is the authenticated caller's own."""
         ...
 
     # -- signup cap (called only when enforcement is on) ----------------------------

@@ -13,7 +13,15 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..catalog import BudgetTier, ServiceType
-from .base import Admission, CapacityState, CapacityStateMissing, CustomerCreator, EndUser, require_identifier
+from .base import (
+    Admission,
+    BudgetUsage,
+    CapacityState,
+    CapacityStateMissing,
+    CustomerCreator,
+    EndUser,
+    require_identifier,
+)
 
 
 def _now() -> datetime:
@@ -27,6 +35,8 @@ class MemoryUserStore:
         self._customers = customers
         self._users: dict[str, dict[str, Any]] = {}
         self._budgets: dict[str, BudgetTier] = {}
+        # LiteLLM's budget_reset_at per budget id; nothing resets budgets in memory.
+        self._budget_resets: dict[str, datetime] = {}
         self._claims: set[str] = set()
         self._capacity: CapacityState | None = None
         self._lock = asyncio.Lock()
@@ -56,6 +66,31 @@ class MemoryUserStore:
             "budget_id": budget_id,
             "blocked": blocked,
         }
+
+    async def get_usage(self, user_id: str) -> BudgetUsage | None:
+        row = self._users.get(user_id)
+        if row is None:
+            return None
+        budget_id = row.get("budget_id")
+        tier = self._budgets.get(budget_id) if budget_id is not None else None
+        return BudgetUsage(
+            spend=float(row.get("spend") or 0.0),
+            blocked=bool(row.get("blocked")),
+            budget_id=budget_id,
+            max_budget=tier.max_budget if tier else None,
+            budget_duration=tier.budget_duration if tier else None,
+            budget_reset_at=self._budget_resets.get(budget_id) if tier else None,
+            tpm_limit=tier.tpm_limit if tier else None,
+            rpm_limit=tier.rpm_limit if tier else None,
+        )
+
+    def set_spend(self, user_id: str, spend: float) -> None:
+        """What LiteLLM's spend tracking would write (tests, demo)."""
+        self._users[user_id]["spend"] = spend
+
+    def set_budget_reset_at(self, budget_id: str, when: datetime) -> None:
+        """What LiteLLM's budget reset job would write (tests, demo)."""
+        self._budget_resets[budget_id] = when
 
     # -- signup cap ----------------------------------------------------------------
     async def admit(self, base_identity: str) -> Admission:

@@ -20,7 +20,7 @@ import asyncpg
 from ..catalog import BudgetTier, ServiceType
 from ..settings import PostgresSettings, Settings
 from ..wire import is_identifier
-from .base import Admission, CapacityState, CustomerCreator, EndUser, require_identifier
+from .base import Admission, BudgetUsage, CapacityState, CustomerCreator, EndUser, require_identifier
 from .capacity import SignupCapacity
 from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
 
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 # LiteLLM's tables: the names are quoted because LiteLLM created them mixed-case.
 _SELECT_USER = 'SELECT * FROM "LiteLLM_EndUserTable" WHERE user_id = $1'
+
+# The caller's own row only (the id is the authenticated identity), with its budget's limits.
+_SELECT_USAGE = """
+SELECT u.spend, u.blocked, u.budget_id, b.max_budget, b.budget_duration, b.budget_reset_at, b.tpm_limit, b.rpm_limit
+FROM "LiteLLM_EndUserTable" u
+LEFT JOIN "LiteLLM_BudgetTable" b ON b.budget_id = u.budget_id
+WHERE u.user_id = $1
+"""
 
 _UPSERT_BUDGET = """
 INSERT INTO "LiteLLM_BudgetTable"
@@ -60,6 +68,13 @@ def json_ready(value: Any) -> Any:
         return [json_ready(v) for v in value]
     if isinstance(value, dict):
         return {str(k): json_ready(v) for k, v in value.items()}
+    return value
+
+
+def _as_utc(value: datetime.datetime | None) -> datetime.datetime | None:
+    """LiteLLM's own migration makes timestamps `timestamp(3)` without a zone, written in UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=datetime.timezone.utc)
     return value
 
 
@@ -115,6 +130,23 @@ class PostgresUserStore:
         require_identifier(user_id)
         await self._customers.create_customer(user_id, budget_id)
         return await self.get_user(user_id)
+
+    async def get_usage(self, user_id: str) -> BudgetUsage | None:
+        if not is_identifier(user_id):
+            return None  # never stored, as in get_user
+        row = await retry_stale("get_usage", lambda: self._pools.litellm.fetchrow(_SELECT_USAGE, user_id))
+        if row is None:
+            return None
+        return BudgetUsage(
+            spend=float(row["spend"] or 0.0),
+            blocked=bool(row["blocked"]),
+            budget_id=row["budget_id"],
+            max_budget=None if row["max_budget"] is None else float(row["max_budget"]),
+            budget_duration=row["budget_duration"],
+            budget_reset_at=_as_utc(row["budget_reset_at"]),
+            tpm_limit=None if row["tpm_limit"] is None else int(row["tpm_limit"]),
+            rpm_limit=None if row["rpm_limit"] is None else int(row["rpm_limit"]),
+        )
 
     # -- signup cap ----------------------------------------------------------------
     async def admit(self, base_identity: str) -> Admission:

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import json
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, TypeVar
 
 import asyncpg
@@ -100,6 +101,9 @@ class StoreUnderTest:
     store: UserStore
     calls: list[tuple[str, str]]
     add_user: Callable[..., Awaitable[None]]
+    # What LiteLLM's spend tracking and budget reset job write (GET /v1/usage reads them).
+    set_spend: Callable[[str, float], Awaitable[None]]
+    set_budget_reset_at: Callable[[str, datetime], Awaitable[None]]
 
 
 async def insert_user(pool: asyncpg.Pool, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
@@ -120,7 +124,13 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         async def add_memory_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
             memory.add_user(user_id, budget_id, blocked=blocked)
 
-        return StoreUnderTest("memory", memory, creator.calls, add_memory_user)
+        async def set_memory_spend(user_id: str, spend: float) -> None:
+            memory.set_spend(user_id, spend)
+
+        async def set_memory_reset(budget_id: str, when: datetime) -> None:
+            memory.set_budget_reset_at(budget_id, when)
+
+        return StoreUnderTest("memory", memory, creator.calls, add_memory_user, set_memory_spend, set_memory_reset)
     pools: Pools = request.getfixturevalue("pools")
     store: PostgresUserStore = request.getfixturevalue("pg_store")
     pg_creator: LiteLLMTableCustomerCreator = request.getfixturevalue("customer_creator")
@@ -128,7 +138,15 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
     async def add_pg_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
         await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
 
-    return StoreUnderTest("postgres", store, pg_creator.calls, add_pg_user)
+    async def set_pg_spend(user_id: str, spend: float) -> None:
+        await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = $2 WHERE user_id = $1', user_id, spend)
+
+    async def set_pg_reset(budget_id: str, when: datetime) -> None:
+        await pools.litellm.execute(
+            'UPDATE "LiteLLM_BudgetTable" SET budget_reset_at = $2 WHERE budget_id = $1', budget_id, when
+        )
+
+    return StoreUnderTest("postgres", store, pg_creator.calls, add_pg_user, set_pg_spend, set_pg_reset)
 
 
 @web.middleware

@@ -3,6 +3,7 @@ end users into the same database, FxA fake; outages answered with the reference 
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import AsyncIterator
 
 import pytest
@@ -92,6 +93,8 @@ async def test_database_down_mid_traffic_then_recovers(pg_service: Service, pg_s
         response = await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
         assert response.status == 500
         assert await response.json() == {"detail": {"error": "Error fetching user info"}}
+        usage = await pg_service.client.get("/v1/usage", headers=pg_service.headers())
+        assert (usage.status, await usage.json()) == (500, {"detail": {"error": "Error fetching usage"}})
         readiness = await pg_service.client.get("/health/readiness")
         assert readiness.status == 503
         assert (await readiness.json())["pg_server_dbs"] == {"postgres": "offline", "app_attest": "offline"}
@@ -99,3 +102,33 @@ async def test_database_down_mid_traffic_then_recovers(pg_service: Service, pg_s
         pg_server.start()
     response = await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
     assert response.status == 200
+
+
+async def test_usage_reads_litellms_end_user_and_budget_tables(pg_service: Service, pools: Pools) -> None:
+    for uid in ("pg-uid", "other-uid"):
+        token = pg_service.fxa.issue_jwt(uid)
+        assert (await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {token}"))).status == 200
+    # What LiteLLM's spend tracking and budget reset job write.
+    await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = 0.0625 WHERE user_id = $1', "pg-uid:ai")
+    await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = 0.09 WHERE user_id = $1', "other-uid:ai")
+    await pools.litellm.execute(
+        'UPDATE "LiteLLM_BudgetTable" SET budget_reset_at = $2 WHERE budget_id = $1',
+        "end-user-budget-ai",
+        datetime(2026, 12, 1, 6, 30, tzinfo=timezone.utc),
+    )
+    response = await pg_service.client.get("/v1/usage", headers=pg_service.headers(), params={"user_id": "other-uid:ai"})
+    assert response.status == 200
+    assert await response.json() == {
+        "service_type": "ai",
+        "spend": 0.0625,
+        "max_budget": 0.1,
+        "remaining_budget": 0.1 - 0.0625,
+        "budget_duration": "1d",
+        "budget_reset_at": "2026-12-01T06:30:00+00:00",
+        "tpm_limit": 2000,
+        "rpm_limit": 40,
+    }
+    newcomer = pg_service.fxa.issue_jwt("newcomer")
+    missing = await pg_service.client.get("/v1/usage", headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
+    assert missing.status == 404
+    assert await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_EndUserTable" WHERE user_id = $1', "newcomer:ai") == 0

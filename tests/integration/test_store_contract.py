@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
 from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
-from mlpa_aiohttp.store.base import Admission, CapacityStateMissing
+from mlpa_aiohttp.store.base import Admission, BudgetUsage, CapacityStateMissing
 
 from .conftest import StoreUnderTest, assert_json_ready
 
@@ -145,3 +147,50 @@ async def test_ensure_budgets_and_ping(any_store: StoreUnderTest) -> None:
     await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
     await any_store.store.ensure_budgets(DEFAULT_BUDGETS)  # idempotent
     assert await any_store.store.ping() == {"postgres": True, "app_attest": True}
+
+
+# -- GET /v1/usage: spend joined with the budget's limits ------------------------------------
+
+
+async def test_usage_of_a_missing_user_is_none(any_store: StoreUnderTest) -> None:
+    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
+    assert await any_store.store.get_usage("nobody:ai") is None
+
+
+async def test_usage_joins_spend_with_the_users_budget(any_store: StoreUnderTest) -> None:
+    store = any_store.store
+    await store.ensure_budgets(DEFAULT_BUDGETS)
+    await any_store.add_user("spender:ai", AI_BUDGET)
+    await any_store.add_user("spender:memories", DEFAULT_BUDGETS[ServiceType.MEMORIES].budget_id, blocked=True)
+    await any_store.set_spend("spender:ai", 0.0425)
+    reset = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
+    await any_store.set_budget_reset_at(AI_BUDGET, reset)
+
+    ai = await store.get_usage("spender:ai")
+    tier = DEFAULT_BUDGETS[ServiceType.AI]
+    assert ai == BudgetUsage(
+        spend=0.0425,
+        blocked=False,
+        budget_id=AI_BUDGET,
+        max_budget=tier.max_budget,
+        budget_duration=tier.budget_duration,
+        budget_reset_at=reset,
+        tpm_limit=tier.tpm_limit,
+        rpm_limit=tier.rpm_limit,
+    )
+    # Each user id is its own row: the other service type keeps its own spend and tier.
+    memories = await store.get_usage("spender:memories")
+    assert memories is not None and memories.spend == 0 and memories.blocked
+    assert (memories.rpm_limit, memories.budget_reset_at) == (DEFAULT_BUDGETS[ServiceType.MEMORIES].rpm_limit, None)
+
+
+async def test_usage_without_a_budget_has_no_limits(any_store: StoreUnderTest) -> None:
+    store = any_store.store
+    await store.ensure_budgets(DEFAULT_BUDGETS)
+    await any_store.add_user("no-budget:ai")
+    await any_store.add_user("unknown-budget:ai", "no-such-budget")
+    for user_id in ("no-budget:ai", "unknown-budget:ai"):
+        usage = await store.get_usage(user_id)
+        assert usage is not None
+        assert (usage.spend, usage.max_budget, usage.budget_duration, usage.budget_reset_at) == (0, None, None, None)
+        assert (usage.tpm_limit, usage.rpm_limit) == (None, None)
