@@ -12,6 +12,7 @@ from typing import Sequence
 import uvloop
 from aiohttp import web
 
+from . import client_sockets
 from .app import app_factory, create_app
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError
@@ -53,11 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve() -> int:
     settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
+    # Our own listening socket: accepted clients inherit its dead-peer options.
+    listener = client_sockets.listening_socket("0.0.0.0", settings.server.port, settings.server.dead_peer_options())
     web.run_app(
         app_factory(),
         loop=uvloop.new_event_loop(),
-        host="0.0.0.0",
-        port=settings.server.port,
+        sock=listener,
+        backlog=client_sockets.LISTEN_BACKLOG,  # the loop listens again with this one
         access_log=None,
         # Streams are drained by our on_shutdown hook first; this bounds the rest.
         shutdown_timeout=settings.server.shutdown_drain_seconds + 5,
