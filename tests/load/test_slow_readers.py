@@ -10,6 +10,7 @@ LiteLLM (here: the fake) and the kernel, not in this process.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 
 import pytest
 
@@ -20,10 +21,38 @@ pytestmark = pytest.mark.load
 STALLED = 4
 UPSTREAM_BYTES = 48 * 2**20
 # What one stalled stream may hold in the service's memory: the upstream reader's limit
-# (2 x 64 KiB, plus one socket read of up to 256 KiB past it), the client transport's
+# (2 x 16 KiB, plus one socket read of up to 256 KiB past it), the client transport's
 # high-water mark (64 KiB) plus the chunk that crossed it, and allocator slack. Measured:
-# about 2 MiB (docs/streaming-at-scale.md).
-BOUND_PER_STREAM = 3 * 2**20
+# about 0.6 MiB (2 MiB with aiohttp's default reader limit; docs/streaming-at-scale.md).
+BOUND_PER_STREAM = 2**20
+
+
+def socket_memory(service_port: int, upstream_port: str) -> str:
+    """What the kernel holds for the stalled streams (ss's skmem: queued receive and send
+    bytes), client side (service port) and upstream side, per stalled stream; best effort."""
+    try:
+        output = subprocess.run(["ss", "-tmnH", "state", "established"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "n/a (no ss)"
+    client_send = upstream_receive = 0
+    lines = output.splitlines()
+    for index, line in enumerate(lines):
+        fields = line.split()
+        if len(fields) < 4 or index + 1 >= len(lines) or "skmem:" not in lines[index + 1]:
+            continue
+        local, peer = fields[2], fields[3]
+        skmem = dict(
+            (item[0], int(item[1:])) for item in lines[index + 1].split("skmem:(")[1].split(")")[0].split(",")
+            if item[:1] in ("r", "w") and item[1:].isdigit()
+        )
+        if local.endswith(f":{service_port}"):
+            client_send += skmem.get("w", 0)
+        elif peer.endswith(f":{upstream_port}"):
+            upstream_receive += skmem.get("r", 0)
+    return (
+        f"send queue towards the client {client_send / STALLED / 2**20:.2f} MiB, "
+        f"receive queue from LiteLLM {upstream_receive / STALLED / 2**20:.2f} MiB"
+    )
 
 
 async def test_stalled_clients_do_not_grow_memory(tmp_path):
@@ -53,11 +82,13 @@ async def test_stalled_clients_do_not_grow_memory(tmp_path):
             await asyncio.sleep(0.25)
             peak = max(peak, service.rss_bytes())
         per_stream = (peak - before) / STALLED
+        kernel = socket_memory(service.port, fakes.litellm_url.rpartition(":")[2])
         upstream_sent = sum(1 for r in fakes.litellm.requests_to("/v1/chat/completions") if r.started_at)
         print(
             f"\nstalled streams: {STALLED}, upstream body {UPSTREAM_BYTES / 2**20:.0f} MiB each; "
             f"service RSS {before / 2**20:.1f} -> peak {peak / 2**20:.1f} MiB: "
-            f"{per_stream / 2**20:.2f} MiB per stalled stream (bound {BOUND_PER_STREAM / 2**20:.0f} MiB)"
+            f"{per_stream / 2**20:.2f} MiB per stalled stream (bound {BOUND_PER_STREAM / 2**20:.0f} MiB); "
+            f"kernel socket buffers per stalled stream: {kernel}"
         )
         assert upstream_sent >= STALLED
         assert per_stream <= BOUND_PER_STREAM
