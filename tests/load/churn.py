@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import logging
 import random
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from .harness import (
     HangUp,
     ServiceProcess,
     Verdict,
+    raise_open_file_limit,
     served_before_hang_up,
     start_fakes,
     start_service,
@@ -117,6 +119,8 @@ async def churn(
         await settle(service)
         run.baseline = await sample(service, fakes, started, 0)
         run.samples.append(run.baseline)
+        if on_sample is not None:
+            on_sample(run.baseline)
         done = wave = 0
         deadline = started + minutes * 60 if minutes is not None else None
         while True:
@@ -237,6 +241,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=None, help="stop earlier, after this many streams in all")
     parser.add_argument("--out", type=Path, default=Path("soak-figures"), help="directory for soak.csv and soak.png")
     args = parser.parse_args()
+    # The fakes run here and see thousands of hang-ups; their "Error handling request" is noise.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+    raise_open_file_limit()
     log_dir = args.out / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
 

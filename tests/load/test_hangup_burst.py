@@ -132,6 +132,7 @@ def _assert_hang_ups_are_aborts(results, verdict: Verdict, figures: dict, fakes:
     for event in (verdict.canonical[r.request_id][0] for r in results):
         if event["result"] == "abort":
             assert event["event"] == "client_disconnected"
+            assert event["disconnect_reason"] in ("client_closed", "client_reset"), event
 
 
 def _upstream_record(fakes: Fakes, request_id: str):
