@@ -16,7 +16,6 @@ import csv
 import logging
 import random
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
@@ -472,6 +472,3 @@ def error_summary(errors: list[dict[str, Any]], limit: int = 3) -> str:
 def jitter(seed: int) -> random.Random:
     return random.Random(seed)
 
-
-def stats_line(values: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in values.items())
