@@ -10,6 +10,7 @@ ConfigMap drives both):
     GUNICORN_WORKER_CLASS      "uvloop" (default) or "asyncio"
     SHUTDOWN_DRAIN_SECONDS     the app's drain budget for open streams; sets graceful_timeout
     KEEPALIVE_TIMEOUT_SECONDS  idle keep-alive of client connections
+    LISTEN_BACKLOG             accept queue of the listening socket (capped by net.core.somaxconn)
     LOG_LEVEL                  level of gunicorn's own loggers
     PROMETHEUS_MULTIPROC_DIR   prometheus multiprocess directory, wiped at start
 
@@ -98,6 +99,11 @@ worker_class = _worker_class()
 keepalive = math.ceil(_env_number("KEEPALIVE_TIMEOUT_SECONDS", _DEFAULTS.keepalive_timeout_seconds, minimum=0))
 
 graceful_timeout = graceful_timeout_for(drain_seconds)
+
+# The accept queue, the app's own LISTEN_BACKLOG (what `serve` uses), so both agree. Gunicorn's
+# default is 2048; 4096 takes a burst of new streams (5,000 in 3 s, measured in
+# docs/performance.md) without overflowing. The kernel caps it at net.core.somaxconn.
+backlog = int(_env_number("LISTEN_BACKLOG", _DEFAULTS.listen_backlog, minimum=1))
 
 # The aiohttp worker heartbeats once a second from its event loop, so this catches a blocked
 # loop. It must also cover start-up (pools, budgets) and a worker draining after a reload,

@@ -59,6 +59,8 @@ def _serve() -> int:
         host="0.0.0.0",
         port=settings.server.port,
         access_log=None,
+        # run_app's default is 128: a burst of new streams overflows it (docs/performance.md).
+        backlog=settings.server.listen_backlog,
         # Streams are drained by our on_shutdown hook first; this bounds the rest.
         shutdown_timeout=settings.server.shutdown_drain_seconds + 5,
         print=None,

@@ -131,6 +131,11 @@ class ServerSettings:
     hsts_max_age: int = 31536000
     hsts_include_subdomains: bool = True
     keepalive_timeout_seconds: float = 75.0
+    # Connections the kernel queues for accept() per listening socket. A burst of new
+    # streams (a deploy, a reconnect storm) beyond it overflows the queue and clients wait
+    # on SYN retransmits (1, 3, 7 s). The kernel caps it at net.core.somaxconn (4096 by
+    # default since Linux 5.4): see docs/performance.md, "Admission".
+    listen_backlog: int = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +331,7 @@ def _server(env: _Env, *, debug: bool, demo: bool) -> ServerSettings:
         hsts_max_age=env.int("HSTS_MAX_AGE", 31536000, minimum=0),
         hsts_include_subdomains=env.bool("HSTS_INCLUDE_SUBDOMAINS", True),
         keepalive_timeout_seconds=env.float("KEEPALIVE_TIMEOUT_SECONDS", 75.0, minimum=0.0),
+        listen_backlog=env.int("LISTEN_BACKLOG", 4096, minimum=1),
     )
 
 
