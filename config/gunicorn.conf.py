@@ -170,6 +170,27 @@ def post_worker_init(worker) -> None:
     still booting is lost to gunicorn's boot window (the worker then lives until the
     graceful timeout), so tests and operators can tell booting from ready."""
     worker.log.info("Worker ready (pid: %s)", worker.pid)
+    _restore_backlog_once_serving(worker)
+
+
+def _restore_backlog_once_serving(worker) -> None:
+    """aiohttp's worker starts each site as `SockSite(runner, sock)`, whose default backlog
+    (128) listen()s the inherited socket again and silently replaces gunicorn's `backlog`:
+    a burst of new streams then overflows the accept queue (docs/performance.md,
+    "Admission"). The worker calls notify() right after its sites started, before it
+    handles any request; listen() once more there, with the configured backlog."""
+    heartbeat = worker.notify
+    restored = False
+
+    def notify() -> None:
+        nonlocal restored
+        if not restored and worker.booted:
+            restored = True
+            for listener in worker.sockets:
+                listener.sock.listen(worker.cfg.backlog)
+        heartbeat()
+
+    worker.notify = notify
 
 
 def child_exit(server, worker) -> None:

@@ -19,12 +19,17 @@ Phases (--phases, default all):
   ttfb     added time to first body byte (service − direct), with 500 other streams open
   memory   RSS growth per open stream at 5,000 streams (silent, active, 16 KiB bodies)
   scale    10,000 concurrent streams on one worker (capped by RLIMIT_NOFILE): errors
+  admission  a burst of 5,000 new streams offered in 3 s (listen-queue overflows from
+           /proc/net/netstat, streams lost, time to first byte over the burst), then new
+           streams admitted per second while 2,000 others are open; service under `serve`
+           and gunicorn next to nginx, --admission-runs rounds with the order rotated
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import select
 import statistics
 import subprocess
@@ -50,7 +55,7 @@ from .targets import (
     start_target,
 )
 
-PHASES = ("open", "idle", "chunk", "close", "ttfb", "memory", "scale")
+PHASES = ("open", "idle", "chunk", "close", "ttfb", "memory", "scale", "admission")
 
 
 # ---- talking to a load generator ---------------------------------------------------------
@@ -462,6 +467,104 @@ def phase_scale(run: Run, open_files: int) -> None:
         f"{done['peak_open']} open at once (all opened in {loadgen.opened['seconds']:.1f} s) {done['error_samples'][:2]}")
 
 
+def tcp_ext_counters() -> dict[str, int]:
+    """The TcpExt counters of this network namespace (what `nstat` shows)."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for header, values in zip(lines[::2], lines[1::2]):
+        if header.startswith("TcpExt:"):
+            return dict(zip(header.split()[1:], (int(v) for v in values.split()[1:])))
+    return {}
+
+
+ADMISSION_COUNTERS = ("ListenOverflows", "ListenDrops", "TCPReqQFullDrop", "TCPReqQFullDoCookies")
+
+
+def phase_admission(run: Run) -> None:
+    args = run.args
+    n, seconds, held = args.burst_n, args.burst_seconds, args.admission_held
+    names = [name for name in args.targets if name in ("aiohttp-serve", "aiohttp-gunicorn", "aiohttp-bare", "nginx")]
+    say(f"\n## admission: {n} new streams offered in {seconds:.0f} s (no gate), then new streams/s with {held} open; "
+        f"{args.admission_runs} rounds, order rotated; upstream: first event at once, then 1/s")
+    bursts: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    rates: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    with Processes(run.work_dir) as procs:
+        upstream = start_paced_upstream(procs, ttft=0.0, chunks=90, interval=1.0)
+        targets = run.targets(procs, names, upstream)
+        for round_index in range(args.admission_runs):
+            shift = round_index % len(targets)
+            for target in targets[shift:] + targets[:shift]:
+                # 1. The burst.
+                before = tcp_ext_counters()
+                child = procs.start(
+                    f"burst-{target.name}-{round_index}",
+                    [PYTHON, "-m", "tests.bench.loadgen", "burst", "--port", str(target.port), "--n", str(n),
+                     "--seconds", str(seconds), "--token", target.token, "--content", "burst-{i}"],
+                    env=python_env(), stdout=subprocess.PIPE,
+                )
+                stdout, _ = child.process.communicate(timeout=seconds + 120)
+                after = tcp_ext_counters()
+                procs.stop(child)
+                burst = json.loads(stdout.decode().strip().splitlines()[-1])
+                deltas = {name: after.get(name, 0) - before.get(name, 0) for name in ADMISSION_COUNTERS}
+                answered = [(o, t) for o, t in zip(burst["offsets"], burst["ttfb"]) if t is not None]
+                ttfbs = [t for _, t in answered]
+                figures = {
+                    "round": round_index, **deltas, "lost": n - len(answered), "failures": burst["failures"],
+                    "ttfb_p50_ms": 1000 * percentile(ttfbs, 0.5), "ttfb_p99_ms": 1000 * percentile(ttfbs, 0.99),
+                    "ttfb_max_ms": 1000 * max(ttfbs, default=float("nan")),
+                    "last_first_byte_s": max((o + t for o, t in answered), default=float("nan")),
+                    "offsets": burst["offsets"], "ttfb": burst["ttfb"],
+                }
+                bursts[target.name].append(figures)
+                say(f"  round {round_index} {target.name:<17} burst: overflows {deltas['ListenOverflows']}, drops "
+                    f"{deltas['ListenDrops']}, lost {figures['lost']} {burst['failures'] or ''}; TTFB p50 "
+                    f"{figures['ttfb_p50_ms']:.1f} ms, p99 {figures['ttfb_p99_ms']:.0f} ms, max {figures['ttfb_max_ms']:.0f} ms; "
+                    f"last first byte at {figures['last_first_byte_s']:.2f} s (host load {os.getloadavg()[0]:.1f})")
+                time.sleep(3.0)  # the burst's streams are closed: let their teardown finish
+                # 2. New streams per second with `held` others open.
+                loadgen = Loadgen(procs, target, held, open_timeout=args.open_timeout)
+                try:
+                    run.settle()
+                    prober = procs.start(
+                        f"rate-{target.name}-{round_index}",
+                        [PYTHON, "-m", "tests.bench.loadgen", "rate", "--port", str(target.port),
+                         "--concurrency", str(args.admission_concurrency), "--seconds", str(args.admission_seconds),
+                         "--token", target.token, "--content", "rate-{i}"],
+                        env=python_env(), stdout=subprocess.PIPE,
+                    )
+                    stdout, _ = prober.process.communicate(timeout=args.admission_seconds + 60)
+                    procs.stop(prober)
+                    still_open = loadgen.command("stats")["open"]
+                finally:
+                    loadgen.close()
+                rate = json.loads(stdout.decode().strip().splitlines()[-1])
+                figures = {"round": round_index, "per_second": rate["per_second"], "held_open": still_open,
+                           "ttfb_p50_ms": 1000 * percentile(rate["ttfb"], 0.5),
+                           "ttfb_p99_ms": 1000 * percentile(rate["ttfb"], 0.99), "failures": rate["failures"]}
+                rates[target.name].append(figures)
+                say(f"  round {round_index} {target.name:<17} new streams/s with {still_open}/{held} open: "
+                    f"{rate['per_second']:.0f} (TTFB p50 {figures['ttfb_p50_ms']:.1f} ms, p99 {figures['ttfb_p99_ms']:.1f} ms; "
+                    f"failures {rate['failures'] or 0}; host load {os.getloadavg()[0]:.1f})")
+                time.sleep(2.0)
+    say("\nAdmission, medians over rounds:")
+    rows = []
+    for name in names:
+        b, r = bursts[name], rates[name]
+        rows.append([name, statistics.median(x["ListenOverflows"] for x in b), statistics.median(x["lost"] for x in b),
+                     f"{statistics.median(x['ttfb_p50_ms'] for x in b):.1f}", f"{statistics.median(x['ttfb_p99_ms'] for x in b):.0f}",
+                     f"{statistics.median(x['last_first_byte_s'] for x in b):.2f}",
+                     f"{statistics.median(x['per_second'] for x in r):.0f}"])
+    say(table(["target", "overflows", "lost", "burst TTFB p50 ms", "p99 ms", "last first byte s", f"new/s, {held} open"], rows))
+    if "nginx" in rates:
+        for name in names:
+            if name != "nginx":
+                ratios = [ours["per_second"] / theirs["per_second"] for ours, theirs in zip(rates[name], rates["nginx"])
+                          if theirs["per_second"]]
+                say(f"  {name} / nginx new streams/s, per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+                    f"median {statistics.median(ratios):.2f}")
+    run.results["admission"] = {"burst": bursts, "rate": rates, "n": n, "seconds": seconds, "held": held}
+
+
 # ---- verdicts ---------------------------------------------------------------------------
 
 
@@ -511,6 +614,20 @@ def verdicts(results: dict[str, Any], service: str) -> list[tuple[str, str, bool
         floor = get("memory", f"aiohttp-bare/{kind}", "kib_per_stream")
         if floor is not None:
             checks.append((f"  floor: bare aiohttp relay, RSS per stream ({kind})", f"{floor:.1f} KiB", None))
+    admission = get("admission")
+    if admission is not None:
+        rates, bursts = admission["rate"], admission["burst"]
+        for name in ("aiohttp-serve", "aiohttp-gunicorn"):
+            if name in rates and "nginx" in rates:
+                ratios = [o["per_second"] / t["per_second"] for o, t in zip(rates[name], rates["nginx"]) if t["per_second"]]
+                if ratios:
+                    checks.append((f"{name}: new streams/s with {admission['held']} open ≥ 0.8× nginx (median of rounds)",
+                                   f"{statistics.median(ratios):.2f}×", statistics.median(ratios) >= 0.8))
+            if name in bursts:
+                overflows = max(x["ListenOverflows"] for x in bursts[name])
+                lost = max(x["lost"] for x in bursts[name])
+                checks.append((f"{name}: {admission['n']} streams in {admission['seconds']:.0f} s, 0 overflows and none lost "
+                               "(worst round)", f"{overflows} overflows, {lost} lost", overflows == 0 and lost == 0))
     scale = get("scale")
     if scale is not None:
         ok = scale["errors"] == 0 and scale["completed"] == scale["streams"]
@@ -537,6 +654,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale-n", type=int, default=10000)
     parser.add_argument("--ttfb-background", type=int, default=500)
     parser.add_argument("--ttfb-count", type=int, default=300)
+    parser.add_argument("--burst-n", type=int, default=5000, help="admission: streams offered in the burst")
+    parser.add_argument("--burst-seconds", type=float, default=3.0, help="admission: the burst's length")
+    parser.add_argument("--admission-held", type=int, default=2000, help="admission: streams open while the rate is measured")
+    parser.add_argument("--admission-concurrency", type=int, default=100, help="admission: new streams in flight")
+    parser.add_argument("--admission-seconds", type=float, default=5.0, help="admission: rate window")
+    parser.add_argument("--admission-runs", type=int, default=3, help="admission: rounds (medians reported)")
     parser.add_argument("--quick", action="store_true",
                         help="a few minutes: N=0,500, 6 s windows, smaller idle/memory/scale counts")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
