@@ -104,6 +104,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             tracker=app[keys.STREAMS],
             debug=settings.server.debug,
             started=started,
+            fast_path=settings.server.relay_fast_path,
         )
         return await relay.run()
     return await relay_completion(
