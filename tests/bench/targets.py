@@ -11,6 +11,7 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
   nginx             floor: one worker, proxy_buffering off, keep-alive upstream
   aiohttp-bare      floor of the stack: a bare aiohttp relay, no auth, no accounting
   aiohttp-gunicorn-asyncio (optional) the service under gunicorn's asyncio aiohttp worker
+  aiohttp-gunicorn-fast (optional) the service under gunicorn with RELAY_FAST_PATH=true
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ PEER_MODULES = {"fastapi-poll": "poll_peer", "fastapi-receive": "receive_peer", 
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx", "aiohttp-bare")
 # Not in the default run (time budget): the service under gunicorn's other worker class
 # (`aiohttp-gunicorn` uses the config's default, uvloop).
-OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio",)
+OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast")
 
 
 @dataclass
@@ -180,8 +181,9 @@ def start_target(
     root = (baselines or {})[ref] if ref else REPO_ROOT
     if ref and name not in SERVICE_TARGETS:
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
-    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio"):
+    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
         env = _service_env(port, upstream_port, fxa_port, root)
+        env["RELAY_FAST_PATH"] = "true" if name.endswith("fast") else "false"
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
         env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"
