@@ -74,8 +74,10 @@ class Loadgen:
         open_on: str = "body",
         concurrency: int = 200,
         open_timeout: float = 90.0,
+        wait: bool = True,
     ) -> None:
         self.procs = procs
+        self.open_timeout = open_timeout
         self.child: Child = procs.start(
             f"loadgen-{target.name}-{n}",
             [PYTHON, "-m", "tests.bench.loadgen", "hold", "--port", str(target.port), "--n", str(n),
@@ -85,7 +87,13 @@ class Loadgen:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        self.opened = self._read(open_timeout + 30)
+        self.opened: dict[str, Any] = self._read(open_timeout + 30) if wait else {}
+
+    def wait_opened(self) -> dict[str, Any]:
+        """For a load generator started with wait=False: its "opened" report."""
+        if not self.opened:
+            self.opened = self._read(self.open_timeout + 30)
+        return self.opened
 
     def _read(self, timeout: float) -> dict[str, Any]:
         stdout = self.child.process.stdout

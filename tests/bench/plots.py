@@ -19,6 +19,8 @@ from typing import Any
 STYLE = {
     "aiohttp-gunicorn": ("tab:blue", "o"),
     "aiohttp-serve": ("tab:cyan", "s"),
+    "aiohttp-gunicorn-fast": ("tab:olive", "P"),
+    "aiohttp-gunicorn-asyncio": ("tab:pink", "h"),
     "aiohttp-bare": ("tab:purple", "^"),
     "nginx": ("tab:green", "D"),
     "fastapi-poll": ("tab:red", "v"),

@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loadgens", type=int, default=4)
     parser.add_argument("--upstreams", type=int, default=4)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between a stream's chunks")
-    parser.add_argument("--lifetime", type=float, default=180.0, help="seconds a stream lasts (upstream side)")
+    parser.add_argument("--lifetime", type=float, default=420.0, help="seconds a stream lasts (upstream side)")
     parser.add_argument("--probes", type=int, default=200)
-    parser.add_argument("--open-timeout", type=float, default=120.0)
+    parser.add_argument("--open-timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     terminate_on_sigterm()
@@ -97,13 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             f"({idle['failures']} failures; load {os.getloadavg()[0]:.1f})")
         share = [args.streams // args.loadgens + (1 if i < args.streams % args.loadgens else 0) for i in range(args.loadgens)]
         opening = time.monotonic()
-        loadgens = [Loadgen(procs, target, count, concurrency=250, open_timeout=args.open_timeout) for count in share]
-        opened = sum(loadgen.opened["open"] for loadgen in loadgens)
+        # All load generators open at once, so the streams overlap for their whole life.
+        loadgens = [Loadgen(procs, target, count, concurrency=250, open_timeout=args.open_timeout, wait=False)
+                    for count in share]
+        opened = sum(loadgen.wait_opened()["open"] for loadgen in loadgens)
         open_errors = sum(loadgen.opened["errors"] for loadgen in loadgens)
         result["opened"], result["open_seconds"] = opened, time.monotonic() - opening
         workers = [pid for pid in descendants(child.pid) if pid != child.pid]
         result["worker_descriptors"] = [open_descriptors(pid) for pid in workers]
-        say(f"  opened {opened}/{args.streams} in {result['open_seconds']:.0f} s ({open_errors} errors); worker descriptors "
+        result["open_after_opening"] = sum(loadgen.command("stats")["open"] for loadgen in loadgens)
+        say(f"  opened {opened}/{args.streams} in {result['open_seconds']:.0f} s ({open_errors} errors), "
+            f"{result['open_after_opening']} open at once; worker descriptors "
             f"{result['worker_descriptors']}; load {os.getloadavg()[0]:.1f}")
         result["loaded"] = loaded = probe(procs, target, args.probes)
         still_open = sum(loadgen.command("stats")["open"] for loadgen in loadgens)
