@@ -10,6 +10,7 @@ ConfigMap drives both):
     GUNICORN_WORKER_CLASS      "uvloop" (default) or "asyncio"
     SHUTDOWN_DRAIN_SECONDS     the app's drain budget for open streams; sets graceful_timeout
     KEEPALIVE_TIMEOUT_SECONDS  idle keep-alive of client connections
+    LISTEN_BACKLOG             accept queue of the listening socket (capped by net.core.somaxconn)
     LOG_LEVEL                  level of gunicorn's own loggers
     PROMETHEUS_MULTIPROC_DIR   prometheus multiprocess directory, wiped at start
 
@@ -115,6 +116,11 @@ keepalive = math.ceil(_env_number("KEEPALIVE_TIMEOUT_SECONDS", _DEFAULTS.keepali
 
 graceful_timeout = graceful_timeout_for(drain_seconds)
 
+# The accept queue, the app's own LISTEN_BACKLOG (what `serve` uses), so both agree. Gunicorn's
+# default is 2048; 4096 takes a burst of new streams (5,000 in 3 s, measured in
+# docs/performance.md) without overflowing. The kernel caps it at net.core.somaxconn.
+backlog = int(_env_number("LISTEN_BACKLOG", _DEFAULTS.listen_backlog, minimum=1))
+
 # The aiohttp worker heartbeats once a second from its event loop, so this catches a blocked
 # loop. It must also cover start-up (pools, budgets) and a worker draining after a reload,
 # which stops heartbeating while it drains.
@@ -215,6 +221,27 @@ def post_worker_init(worker) -> None:
     still booting is lost to gunicorn's boot window (the worker then lives until the
     graceful timeout), so tests and operators can tell booting from ready."""
     worker.log.info("Worker ready (pid: %s)", worker.pid)
+    _restore_backlog_once_serving(worker)
+
+
+def _restore_backlog_once_serving(worker) -> None:
+    """aiohttp's worker starts each site as `SockSite(runner, sock)`, whose default backlog
+    (128) listen()s the inherited socket again and silently replaces gunicorn's `backlog`:
+    a burst of new streams then overflows the accept queue (docs/performance.md,
+    "Admission"). The worker calls notify() right after its sites started, before it
+    handles any request; listen() once more there, with the configured backlog."""
+    heartbeat = worker.notify
+    restored = False
+
+    def notify() -> None:
+        nonlocal restored
+        if not restored and worker.booted:
+            restored = True
+            for listener in worker.sockets:
+                listener.sock.listen(worker.cfg.backlog)
+        heartbeat()
+
+    worker.notify = notify
 
 
 def child_exit(server, worker) -> None:

@@ -143,12 +143,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     port = settings.server.port if args.port is None else args.port
     try:
         # Our own listening socket: accepted clients inherit its dead-peer options.
-        listener = client_sockets.listening_socket(args.host, port, settings.server.dead_peer_options())
+        listener = client_sockets.listening_socket(
+            args.host, port, settings.server.dead_peer_options(), backlog=settings.server.listen_backlog
+        )
         web.run_app(
             app_factory(),
             loop=uvloop.new_event_loop(),
             sock=listener,
-            backlog=client_sockets.LISTEN_BACKLOG,  # the loop listens again with this one
+            # The loop listens again with this one; run_app's default of 128 overflows under
+            # a burst of new streams (docs/performance.md, "Admission").
+            backlog=settings.server.listen_backlog,
             access_log=None,
             # Streams are drained by our on_shutdown hook first; this bounds the rest.
             shutdown_timeout=settings.server.shutdown_drain_seconds + 5,

@@ -31,11 +31,6 @@ import math
 import socket
 from dataclasses import dataclass
 
-# The listen backlog of `serve`: gunicorn's default, so a burst of connects is not dropped
-# to SYN retries (aiohttp's own default is 128).
-LISTEN_BACKLOG = 2048
-
-
 @dataclass(frozen=True, slots=True)
 class DeadPeerOptions:
     idle_seconds: float
@@ -81,7 +76,7 @@ def read(sock: socket.socket) -> DeadPeerOptions | None:
     )
 
 
-def listening_socket(host: str, port: int, options: DeadPeerOptions, *, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+def listening_socket(host: str, port: int, options: DeadPeerOptions, *, backlog: int) -> socket.socket:
     """A bound, listening TCP socket whose accepted connections get `options`."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -124,6 +124,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             tracker=app[keys.STREAMS],
             debug=settings.server.debug,
             started=started,
+            fast_path=settings.server.relay_fast_path,
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:

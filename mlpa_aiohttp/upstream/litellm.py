@@ -16,6 +16,7 @@ import structlog
 
 from ..settings import UpstreamSettings
 from .bodies import UpstreamBody
+from .connector import DirectConnector
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +34,7 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     """The shared session: high connector limit (the default 100 silently queues the
     101st stream) and no total timeout (it would cut long streams); `sock_read` bounds
     silence of non-streaming calls (streams are watched by the stream tracker)."""
-    connector = aiohttp.TCPConnector(
+    connector = DirectConnector(
         limit=settings.max_connections,
         limit_per_host=0,
         keepalive_timeout=settings.keepalive_timeout_seconds,

@@ -18,6 +18,13 @@ hold   open --n streams (at most --concurrency still waiting for their first byt
          exit                  close everything and exit
 probe  for each --target, measure time to first response-body byte of sequential fresh
        requests (targets interleaved round by round); prints one JSON line of samples.
+burst  offer --n streams evenly spread over --seconds, with no gate (what a reconnect storm
+       does), wait for each one's first body byte (at most --first-byte-timeout), print one
+       JSON line: per stream its offset from the start and its time to first byte (null if
+       lost), then close them all.
+rate   while other streams are open elsewhere, keep --concurrency new streams in flight for
+       --seconds, each closed at its first body byte and replaced at once: prints the new
+       streams admitted per second and their times to first byte.
 """
 
 from __future__ import annotations
@@ -277,6 +284,85 @@ async def probe(args: argparse.Namespace) -> None:
     emit({"event": "probed", "samples": samples, "failures": failures})
 
 
+async def burst(args: argparse.Namespace) -> None:
+    """Open-loop: stream i is offered at start + i * seconds / n, whatever happened before."""
+    loop = asyncio.get_running_loop()
+    counters = Counters()
+    connections: list[StreamConnection] = []
+    offsets: list[float] = []
+    ttfb: list[float | None] = [None] * args.n
+    failures: dict[str, int] = {}
+
+    async def open_one(index: int, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - loop.time()))
+        offered = time.monotonic()
+        offsets.append(offered - started)
+        request = build_request(args.port, args.path, args.token, args.content.format(i=index))
+        try:
+            async with asyncio.timeout(args.first_byte_timeout):
+                _, connection = await loop.create_connection(
+                    lambda: StreamConnection(index, request, counters, False), "127.0.0.1", args.port
+                )
+                connections.append(connection)
+                first_byte = await asyncio.shield(connection.opened)
+            ttfb[index] = first_byte - offered
+        except (OSError, asyncio.TimeoutError) as exc:
+            reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+            failures[reason] = failures.get(reason, 0) + 1
+
+    started = time.monotonic()
+    begin = loop.time() + 0.05
+    spacing = args.seconds / max(args.n, 1)
+    await asyncio.gather(*(open_one(index, begin + index * spacing) for index in range(args.n)))
+    emit({
+        "event": "burst", "n": args.n, "seconds": args.seconds, "offsets": [round(o, 4) for o in offsets],
+        "ttfb": [None if t is None else round(t, 5) for t in ttfb], "failures": failures,
+        "errors": counters.errors, "error_samples": counters.error_samples,
+        "wall_seconds": round(time.monotonic() - started, 3),
+    })
+    for connection in connections:
+        connection.close()
+
+
+async def admit_rate(args: argparse.Namespace) -> None:
+    """Closed-loop: --concurrency workers, each opening a stream, waiting for its first body
+    byte, closing it and opening the next, for --seconds."""
+    loop = asyncio.get_running_loop()
+    counters = Counters()
+    ttfb: list[float] = []
+    failures: dict[str, int] = {}
+    stop_at = time.monotonic() + args.seconds
+
+    async def worker(worker_index: int) -> None:
+        index = worker_index
+        while time.monotonic() < stop_at:
+            request = build_request(args.port, args.path, args.token, args.content.format(i=index))
+            offered = time.monotonic()
+            connection: StreamConnection | None = None
+            try:
+                async with asyncio.timeout(args.first_byte_timeout):
+                    _, connection = await loop.create_connection(
+                        lambda: StreamConnection(index, request, counters, False), "127.0.0.1", args.port
+                    )
+                    first_byte = await asyncio.shield(connection.opened)
+                if first_byte <= stop_at:
+                    ttfb.append(first_byte - offered)
+            except (OSError, asyncio.TimeoutError) as exc:
+                reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else type(exc).__name__
+                failures[reason] = failures.get(reason, 0) + 1
+            finally:
+                if connection is not None:
+                    connection.close()
+            index += args.concurrency
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
+    elapsed = min(time.monotonic(), stop_at) - started
+    emit({"event": "rate", "admitted": len(ttfb), "seconds": round(elapsed, 3),
+          "per_second": round(len(ttfb) / elapsed, 1), "ttfb": [round(t, 5) for t in ttfb],
+          "failures": failures, "errors": counters.errors, "error_samples": counters.error_samples})
+
+
 def emit(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -296,7 +382,17 @@ def main() -> None:
     probe_parser.add_argument("--target", action="append", required=True, help="name,port,token")
     probe_parser.add_argument("--count", type=int, default=200)
     probe_parser.add_argument("--pause", type=float, default=0.005)
-    for sub in (hold_parser, probe_parser):
+    burst_parser = modes.add_parser("burst")
+    burst_parser.add_argument("--port", type=int, required=True)
+    burst_parser.add_argument("--n", type=int, required=True)
+    burst_parser.add_argument("--seconds", type=float, default=3.0)
+    burst_parser.add_argument("--first-byte-timeout", type=float, default=40.0)
+    rate_parser = modes.add_parser("rate")
+    rate_parser.add_argument("--port", type=int, required=True)
+    rate_parser.add_argument("--concurrency", type=int, default=100)
+    rate_parser.add_argument("--seconds", type=float, default=5.0)
+    rate_parser.add_argument("--first-byte-timeout", type=float, default=20.0)
+    for sub in (hold_parser, probe_parser, burst_parser, rate_parser):
         sub.add_argument("--path", default="/v1/chat/completions")
         sub.add_argument("--token", default="demo-token")
         sub.add_argument("--content", default="hi", help="message content; {i} is the stream index")
@@ -307,7 +403,8 @@ def main() -> None:
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(hold(args) if args.mode == "hold" else probe(args))
+    modes_run = {"hold": hold, "probe": probe, "burst": burst, "rate": admit_rate}
+    runner(modes_run[args.mode](args))
 
 
 if __name__ == "__main__":

@@ -64,6 +64,16 @@ class ServiceThread:
         self.thread.join(10)
 
 
+def kernel_tcp_pages() -> int:
+    """Pages the kernel holds for TCP socket buffers, machine-wide (/proc/net/sockstat "mem"):
+    not in any process's RSS, but paid per open socket all the same."""
+    for line in Path("/proc/net/sockstat").read_text().splitlines():
+        if line.startswith("TCP:"):
+            fields = line.split()
+            return int(fields[fields.index("mem") + 1])
+    return 0
+
+
 def package_of(filename: str) -> str:
     if "site-packages/" in filename:
         return filename.split("site-packages/")[1].split("/")[0].removesuffix(".py")
@@ -103,14 +113,14 @@ def main() -> int:
             Loadgen(procs, target, min(500, args.n), content=args.content, open_on=args.open_on).close()
             time.sleep(1.0)
             tracemalloc.start(1)
-            counts_before, rss_before = object_counts(), rss_bytes()
+            counts_before, rss_before, kernel_before = object_counts(), rss_bytes(), kernel_tcp_pages()
             before = tracemalloc.take_snapshot()
             loadgen = Loadgen(procs, target, args.n, content=args.content, open_on=args.open_on)
             try:
                 time.sleep(2.0)
                 open_now = loadgen.command("stats")["open"]
                 after = tracemalloc.take_snapshot()
-                counts_after, rss_after = object_counts(), rss_bytes()
+                counts_after, rss_after, kernel_after = object_counts(), rss_bytes(), kernel_tcp_pages()
             finally:
                 loadgen.close()
         finally:
@@ -120,6 +130,9 @@ def main() -> int:
     traced = sum(stat.size_diff for stat in stats)
     print(f"{open_now} streams open; RSS +{(rss_after - rss_before) / n / 1024:.1f} KiB per stream "
           f"(tracemalloc's own bookkeeping included); traced Python allocations +{traced / n / 1024:.2f} KiB per stream")
+    page = os.sysconf("SC_PAGE_SIZE")
+    print(f"kernel TCP buffers, machine-wide (4 sockets per stream here: client and service ends of both "
+          f"connections): {(kernel_after - kernel_before) * page / n / 1024:.1f} KiB per stream")
     by_package: collections.Counter[str] = collections.Counter()
     for stat in stats:
         by_package[package_of(stat.traceback[0].filename)] += stat.size_diff

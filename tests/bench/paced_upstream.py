@@ -148,7 +148,10 @@ async def serve(args: argparse.Namespace) -> None:
     lost_log = open(args.lost_log, "a", buffering=1) if args.lost_log else None
     server = PacedServer(args.ttft, args.chunks, args.interval, lost_log)
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(lambda: PacedStream(server), "127.0.0.1", args.port, backlog=4096)
+    # --reuse-port: several processes share the port (the kernel spreads connections), so one
+    # upstream can hold more connections than one process has file descriptors.
+    listener = await loop.create_server(lambda: PacedStream(server), "127.0.0.1", args.port, backlog=4096,
+                                        reuse_port=args.reuse_port)
     print(f"paced upstream on 127.0.0.1:{args.port}", flush=True)
     async with listener:
         await listener.serve_forever()
@@ -161,6 +164,7 @@ def main() -> None:
     parser.add_argument("--ttft", type=float, default=0.2)
     parser.add_argument("--chunks", type=int, default=30)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT")
     parser.add_argument("--lost-log", help="file receiving '<stream id> <monotonic>' per early close")
     args = parser.parse_args()
     try:

@@ -111,6 +111,26 @@ def tree_runtime_seconds(pid: int) -> float:
     return sum(process_runtime_seconds(member) for member in descendants(pid))
 
 
+def process_run_delay_seconds(pid: int) -> float:
+    """Time the process's live threads were runnable but waiting for a CPU (schedstat's
+    second field): on a shared machine, how much the other tenants held it back."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    total_ns = 0
+    for tid in threads:
+        try:
+            total_ns += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total_ns / 1e9
+
+
+def tree_run_delay_seconds(pid: int) -> float:
+    return sum(process_run_delay_seconds(member) for member in descendants(pid))
+
+
 def rss_bytes(pid: int) -> int:
     try:
         resident_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])

@@ -11,6 +11,7 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
   nginx             floor: one worker, proxy_buffering off, keep-alive upstream
   aiohttp-bare      floor of the stack: a bare aiohttp relay, no auth, no accounting
   aiohttp-gunicorn-asyncio (optional) the service under gunicorn's asyncio aiohttp worker
+  aiohttp-gunicorn-fast (optional) the service under gunicorn with RELAY_FAST_PATH=true
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .procs import (
     free_port,
     tree_cpu_seconds,
     tree_rss_bytes,
+    tree_run_delay_seconds,
     tree_runtime_seconds,
     wait_for_port,
 )
@@ -45,7 +47,7 @@ PEER_MODULES = {"fastapi-poll": "poll_peer", "fastapi-receive": "receive_peer", 
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx", "aiohttp-bare")
 # Not in the default run (time budget): the service under gunicorn's other worker class
 # (`aiohttp-gunicorn` uses the config's default, uvloop).
-OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio",)
+OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast")
 
 
 @dataclass
@@ -61,13 +63,16 @@ class Target:
     def runtime_seconds(self) -> float:
         return tree_runtime_seconds(self.child.pid)
 
+    def run_delay_seconds(self) -> float:
+        return tree_run_delay_seconds(self.child.pid)
+
     def rss_bytes(self) -> int:
         return tree_rss_bytes(self.child.pid)
 
 
-def python_env(**extra: str) -> dict[str, str]:
+def python_env(*, root: Path = REPO_ROOT, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("SENTRY_DSN", "PROMETHEUS_MULTIPROC_DIR")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
+    env["PYTHONPATH"] = str(root)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -105,8 +110,9 @@ def start_fake_fxa(procs: Processes) -> int:
     return port
 
 
-def _service_env(port: int, upstream_port: int, fxa_port: int) -> dict[str, str]:
+def _service_env(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
     return python_env(
+        root=root,
         MLPA_DEBUG="true",
         MLPA_STORE="memory",
         LITELLM_API_BASE=f"http://127.0.0.1:{upstream_port}",
@@ -164,22 +170,33 @@ http {{
     return config
 
 
-def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path) -> Target:
+def start_target(
+    procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None
+) -> Target:
+    """`name@REF` runs the service target `name` from the source tree exported for REF
+    (--baseline-ref), so one run measures before and after a change side by side."""
     port = free_port()
-    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio"):
-        env = _service_env(port, upstream_port, fxa_port)
+    full_name = name
+    name, _, ref = name.partition("@")
+    root = (baselines or {})[ref] if ref else REPO_ROOT
+    if ref and name not in SERVICE_TARGETS:
+        raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
+    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
+        env = _service_env(port, upstream_port, fxa_port, root)
+        env["RELAY_FAST_PATH"] = "true" if name.endswith("fast") else "false"
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
         env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"
         child = procs.start(
-            name,
+            full_name,
             [PYTHON, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
             env=env,
-            cwd=str(REPO_ROOT),
+            cwd=str(root),
         )
         token = CLIENT_TOKEN
     elif name == "aiohttp-serve":
-        child = procs.start(name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env=_service_env(port, upstream_port, fxa_port))
+        child = procs.start(full_name, [PYTHON, "-m", "mlpa_aiohttp", "serve"],
+                            env=_service_env(port, upstream_port, fxa_port, root), cwd=str(root))
         token = CLIENT_TOKEN
     elif name == "aiohttp-bare":
         child = procs.start(
@@ -213,7 +230,7 @@ def start_target(procs: Processes, name: str, *, upstream_port: int, fxa_port: i
     else:
         raise ValueError(f"unknown target {name!r}; choose from {', '.join(ALL_TARGETS + OPTIONAL_TARGETS)}")
     wait_for_port(port, timeout=60, process=child.process)
-    target = Target(name, port, token, child)
+    target = Target(full_name, port, token, child)
     warm_up(target)
     return target
 

@@ -20,7 +20,7 @@ OPTIONS = DeadPeerOptions(idle_seconds=7, interval_seconds=3, count=4, user_time
 
 @needs_linux_options
 def test_accepted_connections_inherit_the_listeners_options():
-    with client_sockets.listening_socket("127.0.0.1", 0, OPTIONS) as listener:
+    with client_sockets.listening_socket("127.0.0.1", 0, OPTIONS, backlog=16) as listener:
         listener.setblocking(True)
         with socket.create_connection(listener.getsockname()) as client:
             accepted, _ = listener.accept()
