@@ -238,7 +238,8 @@ def _restore_backlog_once_serving(worker) -> None:
         if not restored and worker.booted:
             restored = True
             for listener in worker.sockets:
-                listener.sock.listen(worker.cfg.backlog)
+                # The service's workers hold the plain socket; gunicorn's wrapper has `.sock`.
+                getattr(listener, "sock", listener).listen(worker.cfg.backlog)
         heartbeat()
 
     worker.notify = notify
