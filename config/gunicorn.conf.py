@@ -198,6 +198,18 @@ def on_starting(server) -> None:
     server.log.info("Prometheus multiprocess directory %s emptied", directory)
 
 
+def when_ready(server) -> None:
+    """Dead-peer detection (mlpa_aiohttp/client_sockets.py) on the listeners: workers'
+    accepted client connections inherit keepalive and TCP_USER_TIMEOUT from them."""
+    from mlpa_aiohttp import client_sockets
+    from mlpa_aiohttp.settings import Settings
+
+    options = Settings.from_environ(os.environ, check_secrets=False).server.dead_peer_options()
+    applied = [client_sockets.apply(listener.sock, options) for listener in server.LISTENERS]
+    if any(applied):
+        server.log.info("Client dead-peer detection on: vanished clients noticed within %.0f s", options.bound_seconds())
+
+
 def post_worker_init(worker) -> None:
     """Say when a worker has its signal handlers: a SIGTERM that arrives while a worker is
     still booting is lost to gunicorn's boot window (the worker then lives until the

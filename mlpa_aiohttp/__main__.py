@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from . import __version__
+from . import __version__, client_sockets
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError, variable_names
 from .settings_compat import warn_about_environment
@@ -142,11 +142,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
     port = settings.server.port if args.port is None else args.port
     try:
+        # Our own listening socket: accepted clients inherit its dead-peer options.
+        listener = client_sockets.listening_socket(args.host, port, settings.server.dead_peer_options())
         web.run_app(
             app_factory(),
             loop=uvloop.new_event_loop(),
-            host=args.host,
-            port=port,
+            sock=listener,
+            backlog=client_sockets.LISTEN_BACKLOG,  # the loop listens again with this one
             access_log=None,
             # Streams are drained by our on_shutdown hook first; this bounds the rest.
             shutdown_timeout=settings.server.shutdown_drain_seconds + 5,

@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Sequence, TypeVar
 
 from .catalog import DEFAULT_BUDGETS, BudgetTier, ServiceType
 from .settings_compat import with_reference_aliases
+from .client_sockets import DeadPeerOptions
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"
 FXA_STAGE_URL = "https://api-accounts.stage.mozaws.net/v1"
@@ -148,6 +149,21 @@ class ServerSettings:
     hsts_max_age: int = 31536000
     hsts_include_subdomains: bool = True
     keepalive_timeout_seconds: float = 75.0
+    # Dead-peer detection on client connections (mlpa_aiohttp/client_sockets.py): a client
+    # that vanished is noticed within max(idle, user timeout) + interval = 130 s by default.
+    # Probes are answered by any live client's kernel, so a healthy slow client is never cut.
+    client_keepalive_idle_seconds: float = 60.0
+    client_keepalive_interval_seconds: float = 10.0
+    client_keepalive_count: int = 6
+    client_user_timeout_seconds: float = 120.0
+
+    def dead_peer_options(self) -> DeadPeerOptions:
+        return DeadPeerOptions(
+            self.client_keepalive_idle_seconds,
+            self.client_keepalive_interval_seconds,
+            self.client_keepalive_count,
+            self.client_user_timeout_seconds,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +375,10 @@ def _server(env: _Env, *, debug: bool, demo: bool) -> ServerSettings:
         hsts_max_age=env.int("HSTS_MAX_AGE", 31536000, minimum=0),
         hsts_include_subdomains=env.bool("HSTS_INCLUDE_SUBDOMAINS", True),
         keepalive_timeout_seconds=env.float("KEEPALIVE_TIMEOUT_SECONDS", 75.0, minimum=0.0),
+        client_keepalive_idle_seconds=env.float("CLIENT_KEEPALIVE_IDLE_SECONDS", 60.0, minimum=1.0),
+        client_keepalive_interval_seconds=env.float("CLIENT_KEEPALIVE_INTERVAL_SECONDS", 10.0, minimum=1.0),
+        client_keepalive_count=env.int("CLIENT_KEEPALIVE_COUNT", 6, minimum=1),
+        client_user_timeout_seconds=env.float("CLIENT_USER_TIMEOUT_SECONDS", 120.0, minimum=0.0),
     )
 
 

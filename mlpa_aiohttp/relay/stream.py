@@ -7,6 +7,13 @@ that upstream connection. While a stream is idle nothing here runs at all.
 
 Per read, the loop does one write and one `StreamAccountant.feed`; it creates no task,
 arms no timer and decodes no JSON unless the bytes can carry usage or tool calls.
+
+Which side failed is decided by where, not by the exception's type: a write towards the
+client that fails means the client is gone. Under load a client's transport can already be
+closing while `connection_lost` (which would cancel this handler) has not run yet; the write
+then raises aiohttp's `ClientConnectionResetError`, which is also an `aiohttp.ClientError`,
+the upstream session's error type. `_pump` turns every failed client write into `ClientGone`
+on the spot, so it can never be taken for an upstream fault.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ..upstream.bodies import UpstreamBody
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
+from .disconnect import disconnect_reason
 from .outcome import CompletionOutcome, Usage
 from .sse import StreamAccountant
 from .tracker import OpenStream, StreamTracker
@@ -47,6 +55,10 @@ def sse_frame(payload: dict[str, Any]) -> bytes:
 
 
 SHUTDOWN_FRAME = sse_frame({"code": 503, "error": "Server shutting down"})
+
+
+class ClientGone(Exception):
+    """A write towards the client failed: the client is gone, whatever the error's type."""
 
 
 class StreamRelay:
@@ -105,18 +117,22 @@ class StreamRelay:
             else:
                 self._client_gone()
             raise
-        except ConnectionError:
+        except ClientGone as gone:
+            self._client_gone(gone.__cause__)
+        except ConnectionError as exc:
             # The client's transport closed under a write before connection_lost ran.
-            self._client_gone()
+            self._client_gone(exc)
         finally:
             self._tracker.discard(self._handle)
             self._metrics.open_streams.dec()
             self._metrics.relayed_bytes.inc(self._handle.relayed)
         return self._response
 
-    def _client_gone(self) -> None:
+    def _client_gone(self, error: BaseException | None = None) -> None:
         self._outcome.aborted()
-        structlog.contextvars.bind_contextvars(client_disconnected=True)
+        structlog.contextvars.bind_contextvars(
+            client_disconnected=True, disconnect_reason=disconnect_reason(self._request, error)
+        )
 
     async def _relay(self) -> None:
         try:
@@ -129,6 +145,8 @@ class StreamRelay:
                 routing = RoutingInfo.from_headers(upstream.headers)
                 await self._pump(upstream)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            # An upstream error (client writes raise ClientGone, see `_pump`); if the client
+            # is gone by now as well, its hang-up is what the stream ended with.
             if isinstance(exc, ConnectionError) and self._request.transport is None:
                 self._client_gone()
                 return
@@ -146,7 +164,10 @@ class StreamRelay:
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
         write, feed, handle = self._response.write, self._accountant.feed, self._handle
         async for chunk in upstream.content.iter_any():
-            await write(chunk)
+            try:
+                await write(chunk)
+            except ConnectionError as exc:  # towards the client: see the module docstring
+                raise ClientGone from exc
             if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
                 self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
             handle.relayed += len(chunk)
@@ -191,5 +212,5 @@ class StreamRelay:
         try:
             await self._response.write(data)
             await self._response.write_eof()
-        except ConnectionError:
-            self._client_gone()
+        except ConnectionError as exc:
+            self._client_gone(exc)

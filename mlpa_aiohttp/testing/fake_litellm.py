@@ -797,7 +797,9 @@ class FakeLiteLLM:
             elif self.ttft > 0:
                 await asyncio.sleep(self.ttft)
             return await respond(request, record, scenario)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
+            # Cancelled while waiting, or a write found the transport closing: either way
+            # the client (the proxy) closed the request.
             if not record.aborted_by_fake:
                 record.mark_disconnected()
             raise

@@ -48,8 +48,16 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
             sock_read=settings.streaming_timeout_seconds,
         ),
         trace_configs=[trace],
+        read_bufsize=UPSTREAM_READ_BUFFER_BYTES,
     )
 
+
+# The upstream response reader pauses reading LiteLLM's socket above twice this. A client
+# that stops reading stalls its relay, and everything up to that mark waits in this process:
+# with aiohttp's 64 KiB default a stalled stream held ~2 MiB of RSS, with 16 KiB ~0.6 MiB
+# (tests/load/test_slow_readers.py). SSE events are far smaller, so a flowing stream never
+# reaches the mark; only backpressure does.
+UPSTREAM_READ_BUFFER_BYTES = 16 * 1024
 
 # Error bodies are read whole for classification; a misbehaving upstream must not make
 # us buffer megabytes.
