@@ -179,18 +179,20 @@ class LiteLLMClient:
         finally:
             response.release()
 
-    async def _post_completion(self, payload: bytes, stream: bool) -> aiohttp.ClientResponse:
+    async def _post_completion(
+        self, payload: bytes, stream: bool, resends: list[str] | None = None
+    ) -> aiohttp.ClientResponse:
         if stream:
             async with asyncio.timeout(self._stream_headers_deadline):
-                return await self._post_with_stale_retry(self._completions_url, payload, self._stream_timeout)
-        return await self._post_with_stale_retry(self._completions_url, payload, self._read_timeout)
+                return await self._post_with_stale_retry(self._completions_url, payload, self._stream_timeout, resends)
+        return await self._post_with_stale_retry(self._completions_url, payload, self._read_timeout, resends)
 
-    async def _attempt(self, payload: bytes, stream: bool) -> aiohttp.ClientResponse:
+    async def _attempt(self, payload: bytes, stream: bool, resends: list[str]) -> aiohttp.ClientResponse:
         """One try (with its stale-connection re-send); transient failures become `_Retryable`.
         Only failures before any response byte qualify: once headers are in, the caller
         owns the response, and nothing here runs after a byte reached the client."""
         try:
-            response = await self._post_completion(payload, stream)
+            response = await self._post_completion(payload, stream, resends)
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc, aiohttp.ClientConnectorCertificateError):
                 raise
@@ -207,31 +209,36 @@ class LiteLLMClient:
         """`_attempt` until it answers, the attempts are spent, or the next backoff would end
         past the budget; then the last failure is the answer (its response or its error).
         A client's hang-up cancels the handler at the backoff sleep: nothing is left running.
-        One log line per request that was retried, one metric sample per retry."""
+        One log line per request that was retried or re-sent, one metric sample per re-send.
+
+        The stale keep-alive re-send (`_post_with_stale_retry`) stays inside an attempt and
+        spends none of the attempts or budget: LiteLLM never saw that request. It is named
+        in `reasons`, so this one line tells the request's whole story."""
         started = time.monotonic()
         reasons: list[str] = []
+        retries = 0
         while True:
             try:
-                response = await self._attempt(payload, stream)
+                response = await self._attempt(payload, stream, reasons)
             except _Retryable as failure:
-                retry = len(reasons) + 1
+                retry = retries + 1
                 delay = policy.delay(retry)
                 if retry > policy.attempts or time.monotonic() - started + delay > policy.budget_seconds:
                     if reasons:
-                        log.info("upstream_retries_exhausted", retries=len(reasons), reasons=reasons, last=failure.reason)
+                        log.info("upstream_retries_exhausted", retries=retries, reasons=reasons, last=failure.reason)
                     if failure.response is not None:
                         return failure.response
                     assert failure.__cause__ is not None
                     raise failure.__cause__ from None
                 if failure.response is not None:
                     failure.response.release()
+                retries = retry
                 reasons.append(failure.reason)
-                if self._metrics is not None:
-                    self._metrics.upstream_retries.labels(failure.reason).inc()
+                self._count_resend(failure.reason)
                 await asyncio.sleep(delay)
                 continue
             if reasons:
-                log.info("upstream_retried", retries=len(reasons), reasons=reasons)
+                log.info("upstream_retried", retries=retries, reasons=reasons)
             return response
 
     async def search(self, body: bytes) -> UpstreamReply:
@@ -239,12 +246,18 @@ class LiteLLMClient:
         async with response:
             return UpstreamReply(response.status, await response.text(), dict(response.headers))
 
+    def _count_resend(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_retries.labels(reason).inc()
+
     async def _post_with_stale_retry(
-        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout
+        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout, resends: list[str] | None = None
     ) -> aiohttp.ClientResponse:
         """POST once, and once more only if a *reused* pooled connection turned out to be
         closed by the server before any response (decision 3). POST is not idempotent, so
-        aiohttp never retries it itself; in this window the upstream never saw a request."""
+        aiohttp never retries it itself; in this window the upstream never saw a request.
+        With `resends` (the retrying caller's list) the re-send is noted there instead of
+        logged, so that caller logs one line for the request."""
         trace_ctx: dict[str, bool] = {}
         try:
             return await self._session.post(
@@ -255,7 +268,11 @@ class LiteLLMClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if not trace_ctx.get(_REUSED):
                 raise
-            log.info("upstream_stale_connection_retry", error=type(exc).__name__)
+            self._count_resend("stale_connection")
+            if resends is None:
+                log.info("upstream_stale_connection_retry", error=type(exc).__name__)
+            else:
+                resends.append("stale_connection")
         return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
 
     # -- admin calls (master key) ----------------------------------------------------

@@ -15,7 +15,7 @@ from mlpa_aiohttp.errors import GENERIC_UPSTREAM_MESSAGE
 from mlpa_aiohttp.relay.stream import sse_frame
 from mlpa_aiohttp.testing.fake_litellm import Scenario
 
-from ..conftest import Service, chat_body, open_streams
+from ..conftest import Service, chat_body, events, open_streams
 from .test_chat_streaming import direct_stream_bytes, sample
 
 COMMENT = b": keep-alive\n\n"
@@ -131,6 +131,20 @@ async def test_transient_failures_are_retried_until_an_answer(make_service) -> N
         assert sample(service, "mlpa_upstream_retries_total", {"reason": reason}) == 1
     labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **labels}) == 1
+
+
+async def test_stale_keep_alive_resend_is_part_of_the_one_log_line(make_service, caplog) -> None:
+    service = await make_service(**RETRIES_ON)
+    await (await service.chat(chat_body(stream=True))).read()  # leaves a pooled connection
+    service.litellm.next_scenarios.extend([Scenario.DROP_ON_REUSE, Scenario.SERVICE_UNAVAILABLE_503])
+    raw = await (await service.chat(chat_body(stream=True))).read()
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert service.litellm.dropped == 1
+    assert sample(service, "mlpa_upstream_retries_total", {"reason": "stale_connection"}) == 1
+    assert sample(service, "mlpa_upstream_retries_total", {"reason": "status_503"}) == 1
+    [line] = events(caplog, "upstream_retried")
+    assert (line["retries"], line["reasons"]) == (1, ["stale_connection", "status_503"])
+    assert events(caplog, "upstream_stale_connection_retry") == []
 
 
 async def test_non_streaming_completions_are_retried_too(make_service) -> None:
