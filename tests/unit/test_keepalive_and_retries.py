@@ -65,6 +65,24 @@ async def test_keepalive_comments_arrive_at_the_interval_until_the_first_byte(ma
     assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
 
 
+async def test_comments_go_on_after_headers_until_a_byte_and_stop_when_the_client_leaves(make_service) -> None:
+    service = await make_service(STREAM_KEEPALIVE_SECONDS="0.1")
+    service.litellm.next_scenarios.append(Scenario.HANG_AFTER_HEADERS)  # headers, then no byte
+    response = await service.chat(chat_body(stream=True), headers=_headers(service, OPT_IN))
+    deadline = time.monotonic() + 5
+    while not any(stream.upstream_open for stream in service.app[keys.STREAMS]):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    for _ in range(2):  # LiteLLM's headers are in; its first byte is not: comments go on
+        assert await asyncio.wait_for(response.content.readexactly(len(COMMENT)), 2) == COMMENT
+    response.close()
+    deadline = time.monotonic() + 2
+    while open_streams(service):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
+
+
 async def test_service_type_opts_in_without_the_header(make_service) -> None:
     service = await make_service(STREAM_KEEPALIVE_SECONDS="0.1", STREAM_KEEPALIVE_SERVICE_TYPES="ai")
     service.litellm.slow_delay = 0.5
