@@ -90,7 +90,7 @@ class Metrics:
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
         self.upstream_retries = Counter(
             "mlpa_upstream_retries",
-            "Completion requests re-sent to LiteLLM after a transient failure before the first byte",
+            "Requests re-sent to LiteLLM after a transient failure before any response byte",
             ("reason",),
             registry=r,
         )
