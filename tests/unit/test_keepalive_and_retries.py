@@ -246,3 +246,10 @@ async def test_retries_off_by_default(service: Service) -> None:
     raw = await (await service.chat(chat_body(stream=True))).read()
     assert raw == sse_frame({"code": 503, "error": GENERIC_UPSTREAM_MESSAGE})
     assert len(service.litellm.requests_to(COMPLETIONS)) == 1
+
+
+async def test_the_keepalive_header_is_in_the_openapi_document(service: Service) -> None:
+    document = await (await service.client.get("/openapi.json")).json()
+    parameters = document["paths"]["/v1/chat/completions"]["post"]["parameters"]
+    [header] = [p for p in parameters if p["name"] == "X-MLPA-Keepalive"]
+    assert header["in"] == "header" and "STREAM_KEEPALIVE_SECONDS" in header["description"]
