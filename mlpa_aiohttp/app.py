@@ -32,6 +32,7 @@ from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
+from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
 from .settings import Settings, variable_names
@@ -83,7 +84,10 @@ def create_app(settings: Settings) -> web.Application:
     app[keys.METRICS] = metrics
     app[keys.STREAMS] = StreamTracker()
     app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
+    if settings.stream_limits.keepalive_seconds > 0:
+        app[keys.STREAM_KEEPALIVE] = FirstByteKeepAlive(settings.stream_limits.keepalive_seconds, metrics)
     app.cleanup_ctx.append(_worker_gc_metrics_context)
+    app.cleanup_ctx.append(_keepalive_context)
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_auth_context)
@@ -105,11 +109,23 @@ async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None
             await asyncio.gather(task, return_exceptions=True)
 
 
+async def _keepalive_context(app: web.Application) -> AsyncIterator[None]:
+    """The one app-wide keep-alive tick, only when keep-alive comments are enabled."""
+    keepalive = app.get(keys.STREAM_KEEPALIVE)
+    task = asyncio.create_task(keepalive.run()) if keepalive is not None else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     settings = app[keys.SETTINGS]
     async with open_session(settings.upstream) as session:
         app[keys.HTTP_SESSION] = session
-        app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
+        app[keys.LITELLM] = LiteLLMClient(session, settings.upstream, app[keys.METRICS])
         watch = asyncio.create_task(app[keys.STREAMS].watch_silence(settings.upstream.streaming_timeout_seconds))
         try:
             yield

@@ -13,6 +13,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .observability.metrics import Metrics
+from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
@@ -25,6 +26,8 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
 STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
+# Only present when STREAM_KEEPALIVE_SECONDS > 0.
+STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

@@ -188,6 +188,11 @@ class UpstreamSettings:
     keepalive_timeout_seconds: float = 4.0
     admin_timeout_seconds: float = 30.0
     search_timeout_seconds: float = 30.0
+    # Beyond the reference: transient completion failures retried before the first byte
+    # (0 attempts = off; docs/keepalive-and-retries.md says why off by default).
+    retry_attempts: int = 0
+    retry_backoff_seconds: float = 0.25
+    retry_budget_seconds: float = 3.0
 
     def url(self, path: str) -> str:
         return self.api_base.rstrip("/") + path
@@ -284,6 +289,10 @@ class StreamLimitSettings:
     """Beyond the reference: open streams one identity may hold per worker (0 = no cap)."""
 
     max_concurrent_streams_per_user: int = 0
+    # Beyond the reference: `: keep-alive` comments every this many seconds while a stream
+    # waits for its first upstream byte (0 = off), for these service types or on request.
+    keepalive_seconds: float = 0.0
+    keepalive_service_types: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +366,8 @@ class Settings:
             ),
             stream_limits=StreamLimitSettings(
                 max_concurrent_streams_per_user=env.int("MAX_CONCURRENT_STREAMS_PER_USER", 0, minimum=0),
+                keepalive_seconds=env.float("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0),
+                keepalive_service_types=env.str_set("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset()),
             ),
         )
         if check_secrets and not (debug or demo):
@@ -404,6 +415,9 @@ def _upstream(env: _Env) -> UpstreamSettings:
         connect_timeout_seconds=env.float("UPSTREAM_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.001),
         max_connections=env.int("UPSTREAM_MAX_CONNECTIONS", 20000, minimum=0),
         keepalive_timeout_seconds=env.float("UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS", 4.0, minimum=0.0),
+        retry_attempts=env.int("UPSTREAM_RETRY_ATTEMPTS", 0, minimum=0),
+        retry_backoff_seconds=env.float("UPSTREAM_RETRY_BACKOFF_SECONDS", 0.25, minimum=0.0),
+        retry_budget_seconds=env.float("UPSTREAM_RETRY_BUDGET_SECONDS", 3.0, minimum=0.0),
     )
 
 

@@ -88,6 +88,15 @@ class Metrics:
             "mlpa_signup_cap_enforced", "1 when the signup cap is enforced", registry=r, multiprocess_mode="mostrecent"
         )
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
+        self.upstream_retries = Counter(
+            "mlpa_upstream_retries",
+            "Requests re-sent to LiteLLM after a transient failure before any response byte",
+            ("reason",),
+            registry=r,
+        )
+        self.stream_keepalives = Counter(
+            "mlpa_stream_keepalive_comments", "SSE keep-alive comments sent while a first token was pending", registry=r
+        )
         self.requests = Counter(
             "mlpa_requests",
             "Requests",

@@ -628,7 +628,15 @@ def _paths(*, mock_routes: bool) -> Schema:
                 "Validates, authenticates (FxA, App Attest, Play Integrity token, dev key), provisions "
                 "the LiteLLM end user and relays the completion. With `stream: true` the answer is an "
                 "SSE stream.",
-                chat_headers,
+                [
+                    *chat_headers,
+                    _header(
+                        "X-MLPA-Keepalive",
+                        "`1` (or `true`, `yes`, `on`): while a streamed answer waits for its first token, "
+                        "the server sends `: keep-alive` SSE comment lines every `STREAM_KEEPALIVE_SECONDS`. "
+                        "Ignored when that is 0 (the default) and for non-streamed completions.",
+                    ),
+                ],
                 bare_413=True,
             )
         },

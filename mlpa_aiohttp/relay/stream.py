@@ -36,6 +36,7 @@ from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
 from . import fast_path
 from .disconnect import disconnect_reason
+from .keepalive import FirstByteKeepAlive
 from .outcome import CompletionOutcome, Usage
 from .sse import StreamAccountant
 from .tracker import OpenStream, StreamTracker
@@ -68,7 +69,7 @@ class StreamRelay:
     # One of these lives as long as its stream, thousands at a time.
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
-        "_response", "_upstream", "_task", "_handle", "_accountant", "_fast_path",
+        "_response", "_upstream", "_task", "_handle", "_accountant", "_fast_path", "_keepalive",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class StreamRelay:
         debug: bool,
         started: float,
         fast_path: bool = False,
+        keepalive: FirstByteKeepAlive | None = None,
     ) -> None:
         self._fast_path = fast_path
         self._request = request
@@ -98,6 +100,8 @@ class StreamRelay:
         self._task = asyncio.current_task()
         self._handle = OpenStream(self._end)
         self._accountant = StreamAccountant()
+        # Set only for a stream that opted into keep-alive comments (relay/keepalive.py).
+        self._keepalive = keepalive
 
     def _end(self) -> None:
         """Shutdown or silence: closing the upstream wakes the read loop with a
@@ -113,6 +117,8 @@ class StreamRelay:
         self._metrics.open_streams.inc()
         try:
             await self._response.prepare(self._request)
+            if self._keepalive is not None:
+                self._keepalive.start(self._response, self._request)
             await self._relay()
         except asyncio.CancelledError:
             if self._handle.stopping:
@@ -126,6 +132,8 @@ class StreamRelay:
             # The client's transport closed under a write before connection_lost ran.
             self._client_gone(exc)
         finally:
+            if self._keepalive is not None:
+                self._keepalive.stop(self._response)
             self._tracker.discard(self._handle)
             self._metrics.open_streams.dec()
             self._metrics.relayed_bytes.inc(self._handle.relayed)
@@ -146,6 +154,8 @@ class StreamRelay:
                     await self._relay_upstream_error(upstream.status, await read_error_body(upstream))
                     return
                 routing = RoutingInfo.from_headers(upstream.headers)
+                if self._keepalive is not None:
+                    await self._first_byte(upstream)
                 await self._pump(upstream)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             # An upstream error (client writes raise ClientGone, see `_pump`); if the client
@@ -181,6 +191,22 @@ class StreamRelay:
 
     def _observe_ttft(self) -> None:
         self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
+
+    async def _first_byte(self, upstream: aiohttp.ClientResponse) -> None:
+        """Keep-alive streams only: wait for the first upstream bytes, end the comments, then
+        relay those bytes as `_pump` would; `_pump` carries on with the rest."""
+        first = await upstream.content.readany()
+        assert self._keepalive is not None
+        self._keepalive.stop(self._response)  # synchronous: no comment after this point
+        if not first:
+            return
+        try:
+            await self._response.write(first)
+        except ConnectionError as exc:  # towards the client: see the module docstring
+            raise ClientGone from exc
+        self._observe_ttft()
+        self._handle.relayed += len(first)
+        self._accountant.feed(first)
 
     async def _relay_upstream_error(self, status: int, text: str) -> None:
         classification = classify(status, text)
@@ -218,6 +244,8 @@ class StreamRelay:
 
     async def _write(self, data: bytes) -> None:
         """Write a final frame; a client that is already gone is not an error."""
+        if self._keepalive is not None:
+            self._keepalive.stop(self._response)
         try:
             await self._response.write(data)
             await self._response.write_eof()

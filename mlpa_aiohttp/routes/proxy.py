@@ -33,6 +33,7 @@ from ..observability.labels import clamp_country, clamp_model
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.outcome import CompletionOutcome
+from ..relay.keepalive import FirstByteKeepAlive
 from ..relay.stream import StreamRelay
 from ..store.base import EndUser
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
@@ -125,6 +126,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
             fast_path=settings.server.relay_fast_path,
+            keepalive=_keepalive_for(request, completion),
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
@@ -139,6 +141,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await relay_completion(
         client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
     )
+
+
+# A client opts its stream into keep-alive comments with this header (on/true/1/yes).
+KEEPALIVE_HEADER = "X-MLPA-Keepalive"
+_OPT_IN = frozenset({"1", "true", "yes", "on"})
+
+
+def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> FirstByteKeepAlive | None:
+    """The keep-alive tick if this stream gets comments: the feature is on and the service
+    type is configured for it or the client asked by header."""
+    keepalive = request.app.get(keys.STREAM_KEEPALIVE)
+    if keepalive is None:
+        return None
+    service_types = request.app[keys.SETTINGS].stream_limits.keepalive_service_types
+    if completion.outcome.service_type in service_types:
+        return keepalive
+    if request.headers.get(KEEPALIVE_HEADER, "").strip().lower() in _OPT_IN:
+        return keepalive
+    return None
 
 
 def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> None:

@@ -90,6 +90,8 @@ class Scenario(enum.StrEnum):
     GENERATE_400 = "generate_400"
     SERVER_500 = "server_500"
     BAD_GATEWAY_502 = "bad_gateway_502"
+    SERVICE_UNAVAILABLE_503 = "service_unavailable_503"
+    RESET_BEFORE_RESPONSE = "reset_before_response"  # the connection is cut before any byte
 
 
 # Sent by LiteLLM's proxy on every JSON answer, errors included.
@@ -349,6 +351,7 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
         ),
         # What an edge proxy in front of LiteLLM answers, not LiteLLM itself.
         Scenario.BAD_GATEWAY_502: _text_error(502, "Bad Gateway"),
+        Scenario.SERVICE_UNAVAILABLE_503: _text_error(503, "Service Unavailable"),
     }
 )
 
@@ -785,6 +788,8 @@ class FakeLiteLLM:
             if scenario is Scenario.DROP_ON_REUSE and self._should_drop(record, sticky):
                 record.dropped = True
                 self.dropped += 1
+                await self._abort(request, record)
+            if scenario is Scenario.RESET_BEFORE_RESPONSE:
                 await self._abort(request, record)
             canned = ERROR_RESPONSES.get(scenario)
             if canned is not None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
 import structlog
 
+from ..observability.metrics import Metrics
 from ..settings import UpstreamSettings
 from .bodies import UpstreamBody
 from .connector import DirectConnector
@@ -84,9 +87,46 @@ class UpstreamReply:
     headers: dict[str, str]
 
 
+# LiteLLM answers these when it (or its provider) is briefly unavailable; a 4xx is about
+# the request itself and is never retried.
+RETRIED_STATUSES = frozenset({502, 503})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """UPSTREAM_RETRY_*: at most `attempts` more tries after the first, each after an
+    exponential backoff with jitter, and none that would start after `budget_seconds`."""
+
+    attempts: int
+    backoff_seconds: float
+    budget_seconds: float
+
+    def delay(self, retry: int) -> float:
+        """Seconds before retry number `retry` (1-based): base * 2^(n-1), jittered to
+        between half and all of it so that clients failed together do not return together."""
+        return self.backoff_seconds * (2 ** (retry - 1)) * random.uniform(0.5, 1.0)
+
+
+class _Retryable(Exception):
+    """An attempt that failed transiently before any response byte, or answered 502/503."""
+
+    def __init__(self, reason: str, response: aiohttp.ClientResponse | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
+
+
 class LiteLLMClient:
-    def __init__(self, session: aiohttp.ClientSession, settings: UpstreamSettings) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, settings: UpstreamSettings, metrics: Metrics | None = None
+    ) -> None:
         self._session = session
+        self._metrics = metrics
+        self._retry = (
+            RetryPolicy(settings.retry_attempts, settings.retry_backoff_seconds, settings.retry_budget_seconds)
+            if settings.retry_attempts > 0
+            else None
+        )
         self._known_version: str | None = None
         self._completions_url = settings.url("/v1/chat/completions")
         self._search_url = settings.url("/v1/search/exa-search")
@@ -130,27 +170,95 @@ class LiteLLMClient:
         Leaving the block releases the response, which closes a half-read upstream
         connection instead of returning it to the pool.
         """
-        if stream:
-            async with asyncio.timeout(self._stream_headers_deadline):
-                response = await self._post_with_stale_retry(self._completions_url, body.take(), self._stream_timeout)
+        # No local name for the body: this frame lives as long as the stream.
+        if self._retry is None:
+            response = await self._post_completion(body.take(), stream)
         else:
-            response = await self._post_with_stale_retry(self._completions_url, body.take(), self._read_timeout)
+            response = await self._post_completion_with_retries(body.take(), stream, self._retry)
         try:
             yield response
         finally:
             response.release()
+
+    async def _post_completion(
+        self, payload: bytes, stream: bool, resends: list[str] | None = None
+    ) -> aiohttp.ClientResponse:
+        if stream:
+            async with asyncio.timeout(self._stream_headers_deadline):
+                return await self._post_with_stale_retry(self._completions_url, payload, self._stream_timeout, resends)
+        return await self._post_with_stale_retry(self._completions_url, payload, self._read_timeout, resends)
+
+    async def _attempt(self, payload: bytes, stream: bool, resends: list[str]) -> aiohttp.ClientResponse:
+        """One try (with its stale-connection re-send); transient failures become `_Retryable`.
+        Only failures before any response byte qualify: once headers are in, the caller
+        owns the response, and nothing here runs after a byte reached the client."""
+        try:
+            response = await self._post_completion(payload, stream, resends)
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+                raise
+            raise _Retryable("connect_error") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise _Retryable("connection_reset") from exc
+        if response.status in RETRIED_STATUSES:
+            raise _Retryable(f"status_{response.status}", response)
+        return response
+
+    async def _post_completion_with_retries(
+        self, payload: bytes, stream: bool, policy: RetryPolicy
+    ) -> aiohttp.ClientResponse:
+        """`_attempt` until it answers, the attempts are spent, or the next backoff would end
+        past the budget; then the last failure is the answer (its response or its error).
+        A client's hang-up cancels the handler at the backoff sleep: nothing is left running.
+        One log line per request that was retried or re-sent, one metric sample per re-send.
+
+        The stale keep-alive re-send (`_post_with_stale_retry`) stays inside an attempt and
+        spends none of the attempts or budget: LiteLLM never saw that request. It is named
+        in `reasons`, so this one line tells the request's whole story."""
+        started = time.monotonic()
+        reasons: list[str] = []
+        retries = 0
+        while True:
+            try:
+                response = await self._attempt(payload, stream, reasons)
+            except _Retryable as failure:
+                retry = retries + 1
+                delay = policy.delay(retry)
+                if retry > policy.attempts or time.monotonic() - started + delay > policy.budget_seconds:
+                    if reasons:
+                        log.info("upstream_retries_exhausted", retries=retries, reasons=reasons, last=failure.reason)
+                    if failure.response is not None:
+                        return failure.response
+                    assert failure.__cause__ is not None
+                    raise failure.__cause__ from None
+                if failure.response is not None:
+                    failure.response.release()
+                retries = retry
+                reasons.append(failure.reason)
+                self._count_resend(failure.reason)
+                await asyncio.sleep(delay)
+                continue
+            if reasons:
+                log.info("upstream_retried", retries=retries, reasons=reasons)
+            return response
 
     async def search(self, body: bytes) -> UpstreamReply:
         response = await self._post_with_stale_retry(self._search_url, body, self._search_timeout)
         async with response:
             return UpstreamReply(response.status, await response.text(), dict(response.headers))
 
+    def _count_resend(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.upstream_retries.labels(reason).inc()
+
     async def _post_with_stale_retry(
-        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout
+        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout, resends: list[str] | None = None
     ) -> aiohttp.ClientResponse:
         """POST once, and once more only if a *reused* pooled connection turned out to be
         closed by the server before any response (decision 3). POST is not idempotent, so
-        aiohttp never retries it itself; in this window the upstream never saw a request."""
+        aiohttp never retries it itself; in this window the upstream never saw a request.
+        With `resends` (the retrying caller's list) the re-send is noted there instead of
+        logged, so that caller logs one line for the request."""
         trace_ctx: dict[str, bool] = {}
         try:
             return await self._session.post(
@@ -161,7 +269,11 @@ class LiteLLMClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if not trace_ctx.get(_REUSED):
                 raise
-            log.info("upstream_stale_connection_retry", error=type(exc).__name__)
+            self._count_resend("stale_connection")
+            if resends is None:
+                log.info("upstream_stale_connection_retry", error=type(exc).__name__)
+            else:
+                resends.append("stale_connection")
         return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
 
     # -- admin calls (master key) ----------------------------------------------------

@@ -297,7 +297,7 @@ def test_scenario_names_are_exact() -> None:
         "budget_400", "budget_429", "budget_422", "rate_limit_429", "provider_rate_limit_429", "throttling_429",
         "context_window_400", "bad_param_400", "timeout_408",
         "invalid_model_400", "invalid_argument_400", "unclassified_400", "unclassified_429",
-        "generate_400", "server_500", "bad_gateway_502",
+        "generate_400", "server_500", "bad_gateway_502", "service_unavailable_503", "reset_before_response",
     }  # fmt: skip
     assert set(ERROR_SCENARIOS) < set(ALL_SCENARIOS)
 
@@ -337,6 +337,7 @@ DOCUMENTED_ERRORS: dict[str, tuple[int, str]] = {
     "generate_400": (400, "Could not generate a moderate response"),
     "server_500": (500, '"type":"internal_server_error"'),
     "bad_gateway_502": (502, "Bad Gateway"),
+    "service_unavailable_503": (503, "Service Unavailable"),
 }
 
 
