@@ -169,9 +169,6 @@ class ServerSettings:
     # on SYN retransmits (1, 3, 7 s). The kernel caps it at net.core.somaxconn (4096 by
     # default since Linux 5.4): see docs/performance.md, "Admission".
     listen_backlog: int = 4096
-    # Relay fast path (mlpa_aiohttp/relay/fast_path.py): upstream bytes go to the client
-    # from the upstream connection's callback, without a task step per chunk.
-    relay_fast_path: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +396,6 @@ def _server(env: _Env, *, debug: bool, demo: bool) -> ServerSettings:
         client_keepalive_count=env.int("CLIENT_KEEPALIVE_COUNT", 6, minimum=1),
         client_user_timeout_seconds=env.float("CLIENT_USER_TIMEOUT_SECONDS", 120.0, minimum=0.0),
         listen_backlog=env.int("LISTEN_BACKLOG", 4096, minimum=1),
-        relay_fast_path=env.bool("RELAY_FAST_PATH", False),
     )
 
 

@@ -34,7 +34,6 @@ from ..upstream.bodies import UpstreamBody
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
-from . import fast_path
 from .disconnect import disconnect_reason
 from .keepalive import FirstByteKeepAlive
 from .outcome import CompletionOutcome, Usage
@@ -69,7 +68,7 @@ class StreamRelay:
     # One of these lives as long as its stream, thousands at a time.
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
-        "_response", "_upstream", "_task", "_handle", "_accountant", "_fast_path", "_keepalive",
+        "_response", "_upstream", "_task", "_handle", "_accountant", "_keepalive",
     )
 
     def __init__(
@@ -83,10 +82,8 @@ class StreamRelay:
         tracker: StreamTracker,
         debug: bool,
         started: float,
-        fast_path: bool = False,
         keepalive: FirstByteKeepAlive | None = None,
     ) -> None:
-        self._fast_path = fast_path
         self._request = request
         self._client = client
         self._body = body
@@ -175,9 +172,6 @@ class StreamRelay:
         await self._response.write_eof()
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
-        if self._fast_path:
-            await fast_path.relay(upstream, self._request, self._response, self._accountant, self._handle, self._observe_ttft)
-            return
         write, feed, handle = self._response.write, self._accountant.feed, self._handle
         async for chunk in upstream.content.iter_any():
             try:

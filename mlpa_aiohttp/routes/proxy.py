@@ -125,7 +125,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             tracker=app[keys.STREAMS],
             debug=settings.server.debug,
             started=started,
-            fast_path=settings.server.relay_fast_path,
             keepalive=_keepalive_for(request, completion),
         )
         slots = app[keys.STREAM_SLOTS]
