@@ -352,6 +352,14 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
     }
 )
 
+
+def in_band_error_event(scenario: Scenario) -> bytes:
+    """The in-band event LiteLLM would send for `scenario`'s error had it happened after the
+    stream's first byte: the error body (spaced JSON, as in the capture) in one `data:` event."""
+    body = json.loads(ERROR_RESPONSES[scenario].body)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
 ALL_SCENARIOS: tuple[Scenario, ...] = tuple(Scenario)
 ERROR_SCENARIOS: tuple[Scenario, ...] = tuple(ERROR_RESPONSES)
 
@@ -599,6 +607,10 @@ class FakeLiteLLM:
         self._connections: dict[int, _Connection] = {}
         self._prune_connections_at = 64
         self._connection_ids = itertools.count(1)
+        # Seconds a stream waits between its usage chunk and `data: [DONE]` (0: one write).
+        self.pause_before_done = 0.0
+        # What mid_stream_error_event ends its stream with (see `in_band_error_event`).
+        self.in_band_error: bytes = IN_BAND_ERROR_EVENT
         # Bodies (sha256) dropped by a sticky drop_on_reuse: their retry is served normally.
         self._dropped_bodies: set[str] = set()
 
@@ -866,7 +878,7 @@ class FakeLiteLLM:
             # clean end of the chunked body, no [DONE].
             await response.write(events.role())
             await self._write_paced(response, events.contents(min(2, chunks)))
-            await response.write(IN_BAND_ERROR_EVENT)
+            await response.write(self.in_band_error)
             await response.write_eof()
             return response
 
@@ -899,6 +911,10 @@ class FakeLiteLLM:
         else:
             await response.write(events.role())
             await self._write_paced(response, body_events)
+            if self.pause_before_done > 0:
+                await response.write(b"".join(tail[:-1]))
+                await asyncio.sleep(self.pause_before_done)
+                tail = tail[-1:]
             await response.write(b"".join(tail))
         await response.write_eof()
         return response
