@@ -3,7 +3,7 @@
 The relay forwards bytes untouched; this accountant sees the same bytes, frames them into
 complete SSE events (carrying a partial event across reads) and JSON-decodes only events
 that can carry a usage object, tool calls or an in-band error. Everything else costs one
-regex scan and two substring counts of the bytes per read, all done in C.
+regex scan and one substring count of the bytes per read, all done in C.
 
 Two figures beyond the reference's accounting (README "Beyond the reference"):
 - `error_payload`: the JSON of the first in-band `data: {"error": {...}}` event, the way
@@ -27,7 +27,7 @@ _EVENT_SEPARATOR = b"\n\n"
 # error *object*; OpenAI-style streams repeat `"usage": null` on every chunk. Message text
 # cannot match: inside a JSON string every quote is escaped (`\"error\"`).
 _INTERESTING = re.compile(rb'"(?:usage"\s*:\s*\{|tool_calls"\s*:\s*\[|error"\s*:\s*\{)')
-# A content delta as LiteLLM encodes it (compact JSON); the empty one is the role chunk's.
+# A content delta as LiteLLM encodes it (compact JSON); the first, empty one is the role chunk's.
 _CONTENT = b'"content":"'
 _EMPTY_CONTENT = b'"content":""'
 # A single SSE event larger than this is not accounted (it is still relayed).
@@ -71,7 +71,13 @@ class StreamAccountant:
             return
         complete = data[:end]
         self._pending = data[end + len(_EVENT_SEPARATOR) :]
-        self.content_deltas += complete.count(_CONTENT) - complete.count(_EMPTY_CONTENT)
+        deltas = complete.count(_CONTENT)
+        if deltas:
+            if not self.content_deltas:
+                # Until the first token, an empty content is the role chunk's: not a token.
+                # Past it, one count per read is all a stream pays.
+                deltas -= complete.count(_EMPTY_CONTENT)
+            self.content_deltas += deltas
         if _INTERESTING.search(complete) is None:
             return
         for event in complete.split(_EVENT_SEPARATOR):

@@ -402,10 +402,24 @@ class RecordedRequest:
     aborted_by_fake: bool = False
     disconnected_at: float | None = None
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    # The streamed body as written, when the fake's `record_sent_streams` is on.
+    sent: bytearray | None = None
 
     def mark_disconnected(self) -> None:
         self.disconnected_at = time.monotonic()
         self.disconnected.set()
+
+
+class _RecordingStreamResponse(web.StreamResponse):
+    """A stream response that keeps a copy of every body byte it writes."""
+
+    def __init__(self, sent: bytearray, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sent = sent
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._sent += data
+        await super().write(data)
 
 
 @dataclass(eq=False, slots=True)
@@ -607,6 +621,8 @@ class FakeLiteLLM:
         self._connections: dict[int, _Connection] = {}
         self._prune_connections_at = 64
         self._connection_ids = itertools.count(1)
+        # Keep each chat stream's body bytes in its RecordedRequest.sent (byte-exact tests).
+        self.record_sent_streams = False
         # Seconds a stream waits between its usage chunk and `data: [DONE]` (0: one write).
         self.pause_before_done = 0.0
         # What mid_stream_error_event ends its stream with (see `in_band_error_event`).
@@ -842,10 +858,15 @@ class FakeLiteLLM:
         return await self._json_chat(request, record, scenario, model)
 
     async def _start_stream(
-        self, request: web.Request, content_type: str, model: str = "unknown"
+        self, request: web.Request, content_type: str, model: str = "unknown", sent: bytearray | None = None
     ) -> web.StreamResponse:
         stream = content_type == "text/event-stream"
-        response = web.StreamResponse(status=200, headers=self.success_headers(model, stream=stream))
+        headers = self.success_headers(model, stream=stream)
+        response = (
+            web.StreamResponse(status=200, headers=headers)
+            if sent is None
+            else _RecordingStreamResponse(sent, status=200, headers=headers)
+        )
         response.content_type = content_type
         response.charset = "utf-8"
         await response.prepare(request)  # StreamResponse sends its headers right away
@@ -859,7 +880,9 @@ class FakeLiteLLM:
         model: str,
         include_usage: bool,
     ) -> web.StreamResponse:
-        response = await self._start_stream(request, "text/event-stream", model)
+        if self.record_sent_streams:
+            record.sent = bytearray()
+        response = await self._start_stream(request, "text/event-stream", model, record.sent)
         if scenario is Scenario.HANG_AFTER_HEADERS:
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
