@@ -153,6 +153,13 @@ class Metrics:
             "mlpa_chat_completion_ttft_seconds", "Time to first upstream chunk", ("model",), buckets=TTFT_BUCKETS, registry=r
         )
         self.tokens = Counter("mlpa_chat_tokens", "Tokens", ("type", *_CHAT), registry=r)
+        # Ours: what streams the client left mid-way had been sent, counted from the usage
+        # object when one arrived (kind="usage"), else from the content deltas relayed
+        # (kind="content_deltas", completion only). A metric of its own so `mlpa_chat_tokens`
+        # keeps the reference's series.
+        self.aborted_stream_tokens = Counter(
+            "mlpa_aborted_stream_tokens", "Tokens relayed to streams the client left", ("type", *_CHAT, "kind"), registry=r
+        )
         self.tokens_per_request = Histogram(
             "mlpa_chat_tokens_per_request", "Tokens per request", ("type", *_CHAT), buckets=TOKEN_BUCKETS, registry=r
         )

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
 from ..errors import Classification
 from ..observability.labels import clamp_model
 from ..observability.metrics import Metrics
+from ..observability.upstream_text import upstream_text_for_log
+from ..upstream.classify import classify, error_detail, in_band_status
 from ..upstream.routing import RoutingInfo
+
+if TYPE_CHECKING:
+    from .sse import StreamAccountant
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,27 @@ class CompletionOutcome:
             litellm_cost_usd=routing.cost_usd,
         )
 
+    def stream_finished(self, accountant: StreamAccountant, routing: RoutingInfo) -> None:
+        """LiteLLM's stream ended cleanly: a success, unless it carried an in-band error."""
+        if accountant.error_payload is not None:
+            self.in_band_error(accountant.error_payload)
+            return
+        usage = Usage(accountant.prompt_tokens, accountant.completion_tokens, accountant.tool_names_in_order())
+        self.succeeded(usage, routing)
+
+    def in_band_error(self, payload: str) -> None:
+        """A failure LiteLLM reported inside its 200 stream, recorded (and logged once) the
+        way the same error as a response body would be; the client got the bytes as sent."""
+        status = in_band_status(payload)
+        detail = upstream_text_for_log(error_detail(payload))
+        classification = classify(status, payload)
+        if classification is not None:
+            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=detail, in_band=True)
+            self.rejected(classification)
+        else:
+            log.error("upstream_error", upstream_status=status, upstream_detail=detail, in_band=True)
+            self.failed()
+
     def rejected(self, classification: Classification) -> None:
         if self._finish("error", clamp_model(self.model), classification.availability_reason):
             self._metrics.chat_rejection(
@@ -96,6 +125,20 @@ class CompletionOutcome:
     def failed(self, reason: str = "upstream_error") -> None:
         self._finish("error", clamp_model(self.model), reason)
 
-    def aborted(self) -> None:
-        self._finish("abort", clamp_model(self.model), "client_disconnect")
+    def aborted(self, relayed: StreamAccountant | None = None) -> None:
+        """The client left; `relayed` accounts what its stream got before (README: what an
+        aborted stream cost): the usage object if one arrived, else the content deltas."""
+        if not self._finish("abort", clamp_model(self.model), "client_disconnect") or relayed is None:
+            return
+        if relayed.usage_seen:
+            kind, counts = "usage", (("prompt", relayed.prompt_tokens), ("completion", relayed.completion_tokens))
+        else:
+            kind, counts = "content_deltas", (("completion", relayed.content_deltas),)
+        labels = (clamp_model(self.model), self.service_type, self.purpose, kind)
+        for token_type, count in counts:
+            if count > 0:
+                self._metrics.aborted_stream_tokens.labels(token_type, *labels).inc(count)
+        structlog.contextvars.bind_contextvars(
+            aborted_completion_tokens=counts[-1][1], aborted_tokens_kind=kind
+        )
 

@@ -2,8 +2,14 @@
 
 The relay forwards bytes untouched; this accountant sees the same bytes, frames them into
 complete SSE events (carrying a partial event across reads) and JSON-decodes only events
-that can carry a usage object or tool calls. Everything else costs one regex scan of the
-bytes per read, done in C.
+that can carry a usage object, tool calls or an in-band error. Everything else costs one
+regex scan and one substring count of the bytes per read, all done in C.
+
+Two figures beyond the reference's accounting (README "Beyond the reference"):
+- `error_payload`: the JSON of the first in-band `data: {"error": {...}}` event, the way
+  LiteLLM reports a failure after its first byte under status 200 (docs/litellm-wire.md);
+- `content_deltas`: how many events carried a non-empty `"content":"..."` delta, the fallback
+  count of completion tokens when a client leaves before the usage chunk.
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ import structlog
 log = structlog.get_logger(__name__)
 
 _EVENT_SEPARATOR = b"\n\n"
-# An event is worth decoding only if it carries a usage *object* or a tool-call *list*;
-# OpenAI-style streams repeat `"usage": null` on every chunk.
-_INTERESTING = re.compile(rb'"(?:usage"\s*:\s*\{|tool_calls"\s*:\s*\[)')
+# An event is worth decoding only if it carries a usage *object*, a tool-call *list* or an
+# error *object*; OpenAI-style streams repeat `"usage": null` on every chunk. Message text
+# cannot match: inside a JSON string every quote is escaped (`\"error\"`).
+_INTERESTING = re.compile(rb'"(?:usage"\s*:\s*\{|tool_calls"\s*:\s*\[|error"\s*:\s*\{)')
+# A content delta as LiteLLM encodes it (compact JSON); the first, empty one is the role chunk's.
+_CONTENT = b'"content":"'
+_EMPTY_CONTENT = b'"content":""'
 # A single SSE event larger than this is not accounted (it is still relayed).
 MAX_PENDING_BYTES = 1 << 20
 
@@ -27,12 +37,17 @@ MAX_PENDING_BYTES = 1 << 20
 class StreamAccountant:
     """Incremental accountant: feed() every relayed read, then read the totals."""
 
-    __slots__ = ("prompt_tokens", "completion_tokens", "tool_names", "_pending", "usage_seen")
+    __slots__ = (
+        "prompt_tokens", "completion_tokens", "tool_names", "_pending", "usage_seen", "content_deltas", "error_payload",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.usage_seen = False
+        self.content_deltas = 0
+        # The first in-band error event's JSON text (LiteLLM's failure after the first byte).
+        self.error_payload: str | None = None
         # Tool calls by index; the value is the first non-empty function name.
         self.tool_names: dict[int, str] = {}
         self._pending = b""
@@ -56,6 +71,13 @@ class StreamAccountant:
             return
         complete = data[:end]
         self._pending = data[end + len(_EVENT_SEPARATOR) :]
+        deltas = complete.count(_CONTENT)
+        if deltas:
+            if not self.content_deltas:
+                # Until the first token, an empty content is the role chunk's: not a token.
+                # Past it, one count per read is all a stream pays.
+                deltas -= complete.count(_EMPTY_CONTENT)
+            self.content_deltas += deltas
         if _INTERESTING.search(complete) is None:
             return
         for event in complete.split(_EVENT_SEPARATOR):
@@ -73,6 +95,8 @@ class StreamAccountant:
             return
         if isinstance(parsed, dict):
             self._account(parsed)
+            if self.error_payload is None and isinstance(parsed.get("error"), dict):
+                self.error_payload = payload.decode("utf-8", "replace")
 
     def _account(self, chunk: dict[str, Any]) -> None:
         usage = chunk.get("usage")

@@ -36,7 +36,7 @@ from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
 from .disconnect import disconnect_reason
 from .keepalive import FirstByteKeepAlive
-from .outcome import CompletionOutcome, Usage
+from .outcome import CompletionOutcome
 from .sse import StreamAccountant
 from .tracker import OpenStream, StreamTracker
 
@@ -137,7 +137,7 @@ class StreamRelay:
         return self._response
 
     def _client_gone(self, error: BaseException | None = None) -> None:
-        self._outcome.aborted()
+        self._outcome.aborted(self._accountant)
         structlog.contextvars.bind_contextvars(
             client_disconnected=True, disconnect_reason=disconnect_reason(self._request, error)
         )
@@ -167,8 +167,7 @@ class StreamRelay:
             self._outcome.failed("empty_response")
             await self._write(sse_frame({"code": 502, "error": GENERIC_UPSTREAM_MESSAGE}))
             return
-        acc = self._accountant
-        self._outcome.succeeded(Usage(acc.prompt_tokens, acc.completion_tokens, acc.tool_names_in_order()), routing)
+        self._outcome.stream_finished(self._accountant, routing)
         await self._response.write_eof()
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:

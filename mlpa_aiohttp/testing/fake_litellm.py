@@ -355,6 +355,14 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
     }
 )
 
+
+def in_band_error_event(scenario: Scenario) -> bytes:
+    """The in-band event LiteLLM would send for `scenario`'s error had it happened after the
+    stream's first byte: the error body (spaced JSON, as in the capture) in one `data:` event."""
+    body = json.loads(ERROR_RESPONSES[scenario].body)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
 ALL_SCENARIOS: tuple[Scenario, ...] = tuple(Scenario)
 ERROR_SCENARIOS: tuple[Scenario, ...] = tuple(ERROR_RESPONSES)
 
@@ -397,10 +405,24 @@ class RecordedRequest:
     aborted_by_fake: bool = False
     disconnected_at: float | None = None
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    # The streamed body as written, when the fake's `record_sent_streams` is on.
+    sent: bytearray | None = None
 
     def mark_disconnected(self) -> None:
         self.disconnected_at = time.monotonic()
         self.disconnected.set()
+
+
+class _RecordingStreamResponse(web.StreamResponse):
+    """A stream response that keeps a copy of every body byte it writes."""
+
+    def __init__(self, sent: bytearray, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sent = sent
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._sent += data
+        await super().write(data)
 
 
 @dataclass(eq=False, slots=True)
@@ -602,6 +624,12 @@ class FakeLiteLLM:
         self._connections: dict[int, _Connection] = {}
         self._prune_connections_at = 64
         self._connection_ids = itertools.count(1)
+        # Keep each chat stream's body bytes in its RecordedRequest.sent (byte-exact tests).
+        self.record_sent_streams = False
+        # Seconds a stream waits between its usage chunk and `data: [DONE]` (0: one write).
+        self.pause_before_done = 0.0
+        # What mid_stream_error_event ends its stream with (see `in_band_error_event`).
+        self.in_band_error: bytes = IN_BAND_ERROR_EVENT
         # Bodies (sha256) dropped by a sticky drop_on_reuse: their retry is served normally.
         self._dropped_bodies: set[str] = set()
 
@@ -835,10 +863,15 @@ class FakeLiteLLM:
         return await self._json_chat(request, record, scenario, model)
 
     async def _start_stream(
-        self, request: web.Request, content_type: str, model: str = "unknown"
+        self, request: web.Request, content_type: str, model: str = "unknown", sent: bytearray | None = None
     ) -> web.StreamResponse:
         stream = content_type == "text/event-stream"
-        response = web.StreamResponse(status=200, headers=self.success_headers(model, stream=stream))
+        headers = self.success_headers(model, stream=stream)
+        response = (
+            web.StreamResponse(status=200, headers=headers)
+            if sent is None
+            else _RecordingStreamResponse(sent, status=200, headers=headers)
+        )
         response.content_type = content_type
         response.charset = "utf-8"
         await response.prepare(request)  # StreamResponse sends its headers right away
@@ -852,7 +885,9 @@ class FakeLiteLLM:
         model: str,
         include_usage: bool,
     ) -> web.StreamResponse:
-        response = await self._start_stream(request, "text/event-stream", model)
+        if self.record_sent_streams:
+            record.sent = bytearray()
+        response = await self._start_stream(request, "text/event-stream", model, record.sent)
         if scenario is Scenario.HANG_AFTER_HEADERS:
             await _forever()
         if scenario is Scenario.EMPTY_STREAM:
@@ -871,7 +906,7 @@ class FakeLiteLLM:
             # clean end of the chunked body, no [DONE].
             await response.write(events.role())
             await self._write_paced(response, events.contents(min(2, chunks)))
-            await response.write(IN_BAND_ERROR_EVENT)
+            await response.write(self.in_band_error)
             await response.write_eof()
             return response
 
@@ -904,6 +939,10 @@ class FakeLiteLLM:
         else:
             await response.write(events.role())
             await self._write_paced(response, body_events)
+            if self.pause_before_done > 0:
+                await response.write(b"".join(tail[:-1]))
+                await asyncio.sleep(self.pause_before_done)
+                tail = tail[-1:]
             await response.write(b"".join(tail))
         await response.write_eof()
         return response

@@ -143,6 +143,22 @@ def _rate_limit(parsed: Any, body: str) -> Classification | None:
     return None
 
 
+def in_band_status(payload: str) -> int:
+    """The HTTP status LiteLLM would have answered for an in-band error event
+    (`data: {"error": {..., "code": "429"}}`, sent once a 200 stream had started): its
+    `error.code`, else 500. The event's JSON then classifies like a response body."""
+    error = _error_object(_parse_json(payload))
+    code = error.get("code") if error is not None else None
+    if isinstance(code, (int, str)) and not isinstance(code, bool):
+        try:
+            status = int(code)
+        except ValueError:
+            return 500
+        if 400 <= status < 600:
+            return status
+    return 500
+
+
 def error_detail(body: str) -> str:
     """The most useful human text of an upstream error body (spec §4.6)."""
     parsed = _parse_json(body)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mlpa_aiohttp.upstream.classify import classify, error_detail
+from mlpa_aiohttp.upstream.classify import classify, error_detail, in_band_status
 
 BUDGET = json.dumps({"error": {"type": "budget_exceeded", "message": "Budget has been exceeded! Current cost: 1"}})
 RATE = json.dumps({"error": {"type": "rate_limit_error", "message": "Rate limit exceeded. TPM: 1000/500"}})
@@ -187,3 +187,21 @@ async def test_litellm_shaped_errors_through_the_service(service, scenario: str)
     code = body["detail"]["error"]
     expected = f'data: {{"error": {code}}}\n\n' if isinstance(code, int) else f'data: {{"code": {status}, "error": "{code}"}}\n\n'
     assert await streamed.text() == expected
+
+
+@pytest.mark.parametrize(
+    "payload,status",
+    [
+        ('{"error": {"message": "boom", "type": null, "param": null, "code": "500"}}', 500),
+        ('{"error": {"message": "Budget has been exceeded!", "type": "budget_exceeded", "code": "429"}}', 429),
+        ('{"error": {"message": "x", "code": 422}}', 422),
+        ('{"error": {"message": "x", "code": "rate_limit_exceeded"}}', 500),
+        ('{"error": {"message": "x", "code": "200"}}', 500),
+        ('{"error": {"message": "x", "code": true}}', 500),
+        ('{"error": {"message": "x"}}', 500),
+        ('{"error": "x"}', 500),
+        ("not json", 500),
+    ],
+)
+def test_in_band_status_is_the_error_code_when_it_is_an_error_status(payload: str, status: int) -> None:
+    assert in_band_status(payload) == status

@@ -54,3 +54,38 @@ def test_first_non_empty_tool_name_wins() -> None:
     accountant.add_tool_calls([{"index": 0, "function": {"name": ""}}, {"index": 0, "function": {"name": "a"}}])
     accountant.add_tool_calls([{"index": 0, "function": {"name": "b"}}, {"function": {"name": "c"}}])
     assert accountant.tool_names == {0: "a", 1: "c"}
+
+
+def compact_event(payload: dict) -> bytes:
+    """As LiteLLM encodes its chunks (compact JSON)."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+ROLE_COMPACT = compact_event({"choices": [{"index": 0, "delta": {"content": "", "role": "assistant"}}]})
+CONTENT_COMPACT = compact_event({"choices": [{"index": 0, "delta": {"content": "a \"quoted\" \"content\":\"x\""}}]})
+IN_BAND_ERROR = b'data: {"error": {"message": "boom", "type": null, "param": null, "code": "500"}}\n\n'
+
+
+def test_content_deltas_counted_once_for_every_split_size() -> None:
+    stream = ROLE_COMPACT + CONTENT_COMPACT * 3 + compact_event({"choices": [{"index": 0, "delta": {}}]})
+    for size in (1, 2, 5, 64, len(stream)):
+        accountant = feed_in_pieces(stream, size)
+        # The role chunk's empty content is not a token; quotes inside text are escaped.
+        assert accountant.content_deltas == 3, size
+        assert accountant.error_payload is None
+
+
+def test_in_band_error_event_is_kept_for_every_split_size() -> None:
+    stream = ROLE_COMPACT + CONTENT_COMPACT + IN_BAND_ERROR
+    for size in (1, 3, 64, len(stream)):
+        accountant = feed_in_pieces(stream, size)
+        assert accountant.error_payload is not None, size
+        assert json.loads(accountant.error_payload)["error"]["message"] == "boom"
+        assert accountant.content_deltas == 1
+
+
+def test_error_words_inside_content_are_not_an_error() -> None:
+    accountant = StreamAccountant()
+    accountant.feed(compact_event({"choices": [{"index": 0, "delta": {"content": '{"error": {"code": "500"}}'}}]}))
+    assert accountant.error_payload is None
+    assert accountant.content_deltas == 1
