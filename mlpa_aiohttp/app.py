@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -97,28 +97,29 @@ def create_app(settings: Settings) -> web.Application:
     return app
 
 
-async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
-    """Under several workers, each copies its GC statistics for the others' scrapes."""
-    gc_counters = app[keys.METRICS].gc_counters
-    task = asyncio.create_task(gc_counters.run()) if gc_counters is not None else None
+async def _run_while_serving(run: Callable[[], Awaitable[None]] | None) -> AsyncIterator[None]:
+    """One app-wide background loop for the app's lifetime (none when `run` is None)."""
+    task = asyncio.create_task(run()) if run is not None else None
     try:
         yield
     finally:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
+    """Under several workers, each copies its GC statistics for the others' scrapes."""
+    gc_counters = app[keys.METRICS].gc_counters
+    async for _ in _run_while_serving(gc_counters.run if gc_counters is not None else None):
+        yield
 
 
 async def _keepalive_context(app: web.Application) -> AsyncIterator[None]:
     """The one app-wide keep-alive tick, only when keep-alive comments are enabled."""
     keepalive = app.get(keys.STREAM_KEEPALIVE)
-    task = asyncio.create_task(keepalive.run()) if keepalive is not None else None
-    try:
+    async for _ in _run_while_serving(keepalive.run if keepalive is not None else None):
         yield
-    finally:
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
