@@ -723,8 +723,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--admission-concurrency", type=int, default=100, help="admission: new streams in flight")
     parser.add_argument("--admission-seconds", type=float, default=5.0, help="admission: rate window")
     parser.add_argument("--admission-runs", type=int, default=3, help="admission: rounds (medians reported)")
-    parser.add_argument("--baseline-ref", help="git ref: also run every service target of the chosen ones from this "
-                        "commit's tree, as NAME@REF, for before/after in one run")
+    parser.add_argument("--baseline-ref", help="git refs, comma-separated: also run every service target of the chosen "
+                        "ones from each commit's tree, as NAME@REF, for before/after in one run")
     parser.add_argument("--quick", action="store_true",
                         help="a few minutes: N=0,500, 6 s windows, smaller idle/memory/scale counts")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
@@ -739,8 +739,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.chunk_rates = [float(value) for value in str(args.chunk_rates).split(",") if value.strip()]
     args.targets = [name.strip() for name in args.targets.split(",") if name.strip()]
     args.phases = [name.strip() for name in args.phases.split(",") if name.strip()]
-    if args.baseline_ref:
-        args.targets += [f"{name}@{args.baseline_ref}" for name in args.targets if name in ("aiohttp-serve", "aiohttp-gunicorn")]
+    args.baseline_refs = [ref.strip() for ref in (args.baseline_ref or "").split(",") if ref.strip()]
+    args.targets += [
+        f"{name}@{ref}" for ref in args.baseline_refs for name in args.targets if name in ("aiohttp-serve", "aiohttp-gunicorn")
+    ]
     for name in args.targets:
         if name.partition("@")[0] not in ALL_TARGETS + OPTIONAL_TARGETS:
             parser.error(f"unknown target {name!r}")
@@ -763,8 +765,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Processes(work_dir) as procs:
             run = Run(args, work_dir, procs, start_fake_fxa(procs))
-            if args.baseline_ref:
-                run.baselines[args.baseline_ref] = export_tree(args.baseline_ref, work_dir)
+            for ref in args.baseline_refs:
+                run.baselines[ref] = export_tree(ref, work_dir)
             for phase in args.phases:
                 if phase == "scale":
                     phase_scale(run, open_files)
