@@ -4,8 +4,9 @@ Each field names its environment variable and holds the one default (`variable`,
 `secret`); the reader walks the fields, so a new setting is one field. The demo and
 MLPA_DEBUG change a few defaults: `DEMO_DEFAULTS` and `DEBUG_DEFAULTS` say which.
 
-`Settings.from_environ(os.environ)` is called by the entry points only; tests build
-settings from a plain dict. Invalid values fail at startup with one `SettingsError` that
+`Settings.from_environ(os.environ)` is called by the entry points only (gunicorn's config
+file uses `read_environ`, which returns the problems instead); tests build settings from a
+plain dict. Invalid values fail at startup with one `SettingsError` that
 lists every problem found (each naming its variable), so one restart shows them all.
 Secrets are `repr=False`, so a logged settings object never shows them.
 """
