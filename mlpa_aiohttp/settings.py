@@ -108,7 +108,7 @@ class _Env:
             return default
         return value
 
-    def str_set(self, name: str, default: frozenset[str]) -> frozenset[str]:
+    def str_set(self, name: str, default: frozenset[str] | None) -> frozenset[str] | None:
         """A JSON list (the reference's format) or a comma-separated list."""
 
         def parse(value: str) -> frozenset[str]:
@@ -199,7 +199,7 @@ def _fxa_scopes(env: _Env, default: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _capped_service_types(env: _Env, default: frozenset[ServiceType]) -> frozenset[ServiceType]:
-    names = env.str_set("MLPA_CAPPED_SERVICE_TYPES", None)  # type: ignore[arg-type]
+    names = env.str_set("MLPA_CAPPED_SERVICE_TYPES", None)
     if names is None:
         return default
     capped = set()

@@ -139,18 +139,21 @@ def test_the_refused_secrets_and_their_defaults() -> None:
     assert defaults.auth.experimentation_token == "secret-dev-token"
 
 
-def test_a_default_reaches_the_dataclass_built_without_the_environment() -> None:
-    # Tests and tools build Settings() directly; they get what an empty environment gives.
-    assert Settings().server.port == Settings.from_environ({"MLPA_DEBUG": "true"}).server.port == 8080
+def test_the_read_timeout_follows_the_streaming_timeout_unless_set() -> None:
+    # Decision 4, in the dataclass and in the reader.
     assert Settings().upstream.read_timeout_seconds == Settings().upstream.streaming_timeout_seconds
-    streaming = Settings.from_environ({"MLPA_DEBUG": "true", "STREAMING_TIMEOUT_SECONDS": "42"}).upstream
-    assert streaming.read_timeout_seconds == 42.0
+    debug = {"MLPA_DEBUG": "true"}
+    upstream = Settings.from_environ({**debug, "STREAMING_TIMEOUT_SECONDS": "42"}).upstream
+    assert upstream.read_timeout_seconds == upstream.streaming_timeout_seconds == 42.0
+    upstream = Settings.from_environ({**debug, "STREAMING_TIMEOUT_SECONDS": "42", "UPSTREAM_READ_TIMEOUT_SECONDS": "7"}).upstream
+    assert (upstream.streaming_timeout_seconds, upstream.read_timeout_seconds) == (42.0, 7.0)
 
 
 def test_invalid_values_fall_back_to_the_field_default_when_read_leniently() -> None:
-    reading = Settings.read_environ({"PORT": "eighty", "LOG_LEVEL": "loud", "PG_COMMAND_TIMEOUT_S": "-1"}, check_secrets=False)
+    environ = {"PORT": "eighty", "LOG_LEVEL": "loud", "PG_COMMAND_TIMEOUT_S": "-1"}
+    reading = Settings.read_environ(environ, check_secrets=False)
     assert [problem.split(":", 1)[0] for problem in reading.problems] == ["PORT", "LOG_LEVEL", "PG_COMMAND_TIMEOUT_S"]
     assert differences(reading.settings, Settings()) == []
     with pytest.raises(SettingsError) as raised:
-        Settings.from_environ({"PORT": "eighty", "LOG_LEVEL": "loud", "PG_COMMAND_TIMEOUT_S": "-1"}, check_secrets=False)
+        Settings.from_environ(environ, check_secrets=False)
     assert raised.value.problems == reading.problems
