@@ -148,7 +148,7 @@ class Variable:
     minimum: float | None = None
     # A string setting restricted to these values (matched case-insensitively).
     choices: tuple[str, ...] = ()
-    # Unset, the value of this earlier field of the same section is the default.
+    # The default is the value read for this earlier field of the same section.
     follows: str | None = None
     # Applied to the value read; it must leave the field's default unchanged.
     normalize: Callable[[Any], Any] | None = None
@@ -199,6 +199,7 @@ def _fxa_scopes(env: _Env, default: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _capped_service_types(env: _Env, default: frozenset[ServiceType]) -> frozenset[ServiceType]:
+    """MLPA_CAPPED_SERVICE_TYPES: service type names; each unknown one is a problem."""
     names = env.str_set("MLPA_CAPPED_SERVICE_TYPES", None)
     if names is None:
         return default
