@@ -2,17 +2,21 @@
 
     gunicorn -c config/gunicorn.conf.py mlpa_aiohttp.app:app_factory
 
-Read from the environment at master start-up (the same variables the app reads, so one
-ConfigMap drives both):
+Read from the environment at master start-up. The app's own variables are read by the
+app's `Settings` (same rules, same defaults), so one ConfigMap drives both:
 
-    PORT                       listen port (default 8080)
-    GUNICORN_WORKERS / WEB_CONCURRENCY   worker processes (default 1: scale by pods)
-    GUNICORN_WORKER_CLASS      "uvloop" (default) or "asyncio"
+    PORT                       listen port
     SHUTDOWN_DRAIN_SECONDS     the app's drain budget for open streams; sets graceful_timeout
     KEEPALIVE_TIMEOUT_SECONDS  idle keep-alive of client connections
     LISTEN_BACKLOG             accept queue of the listening socket (capped by net.core.somaxconn)
-    LOG_LEVEL                  level of gunicorn's own loggers
+    LOG_LEVEL, LOG_JSON        level and format of gunicorn's own lines
     PROMETHEUS_MULTIPROC_DIR   prometheus multiprocess directory, wiped at start
+    CLIENT_KEEPALIVE_*, CLIENT_USER_TIMEOUT_SECONDS   dead-peer detection on the listeners
+
+and gunicorn's own, read only here:
+
+    GUNICORN_WORKERS / WEB_CONCURRENCY   worker processes (default 1: scale by pods)
+    GUNICORN_WORKER_CLASS      "uvloop" (default) or "asyncio"
 
 Start-up errors: an invalid value of any variable (these and the app's own, secrets
 included) stops the master before it binds or forks, with one message listing every
@@ -31,8 +35,8 @@ import math
 import os
 import shutil
 
-from mlpa_aiohttp.settings import ServerSettings, Settings, SettingsError
-from mlpa_aiohttp.startup import EXIT_CONFIG, json_logs_requested, report_config_error
+from mlpa_aiohttp.settings import Settings
+from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
 
 # aiohttp's workers with clean start-up errors and a clean socket close (gunicorn_worker.py).
 WORKER_CLASSES = {
@@ -40,9 +44,12 @@ WORKER_CLASSES = {
     "uvloop": "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker",
 }
 
-# Invalid values of the variables read here; reported with the app's own in on_starting,
-# so one start shows every problem. Each falls back to its default meanwhile.
-problems: list[str] = []
+# The app's settings without the secret checks (on_starting adds them): the values below
+# come from them. An invalid value falls back to its default meanwhile and is listed here,
+# with gunicorn's own, to be reported in on_starting, so one start shows every problem.
+_reading = Settings.read_environ(os.environ, check_secrets=False)
+_server = _reading.settings.server
+problems: list[str] = list(_reading.problems)
 
 # The aiohttp worker passes graceful_timeout / 100 * 95 to AppRunner as shutdown_timeout.
 AIOHTTP_SHUTDOWN_SHARE = 0.95
@@ -58,29 +65,26 @@ def _env_text(name: str, default: str) -> str:
     return value or default
 
 
-def _env_number(name: str, default: float, *, minimum: float) -> float:
+def _env_whole_number(name: str) -> int:
     text = os.environ.get(name, "").strip()
-    if not text:
-        return default
     try:
         value = float(text)
     except ValueError:
         problems.append(f"{name}: expected a number, got {text!r}")
-        return default
-    if not math.isfinite(value) or value < minimum:
-        problems.append(f"{name}: must be a finite number of at least {minimum}, got {text!r}")
-        return default
-    return value
+        return 1
+    if not math.isfinite(value) or value < 1:
+        problems.append(f"{name}: must be a finite number of at least 1, got {text!r}")
+        return 1
+    if value != int(value):
+        problems.append(f"{name}: expected a whole number, got {value}")
+        return 1
+    return int(value)
 
 
 def _worker_count() -> int:
     for name in ("GUNICORN_WORKERS", "WEB_CONCURRENCY"):
         if os.environ.get(name, "").strip():
-            count = _env_number(name, 1, minimum=1)
-            if count != int(count):
-                problems.append(f"{name}: expected a whole number, got {count}")
-                return 1
-            return int(count)
+            return _env_whole_number(name)
     return 1
 
 
@@ -99,10 +103,7 @@ def graceful_timeout_for(drain_seconds: float) -> int:
     return math.floor((drain_seconds + SHUTDOWN_MARGIN_SECONDS) / AIOHTTP_SHUTDOWN_SHARE) + 1
 
 
-_DEFAULTS = ServerSettings()
-drain_seconds = _env_number("SHUTDOWN_DRAIN_SECONDS", _DEFAULTS.shutdown_drain_seconds, minimum=0)
-
-bind = [f"0.0.0.0:{int(_env_number('PORT', _DEFAULTS.port, minimum=1))}"]
+bind = [f"0.0.0.0:{_server.port}"]
 workers = _worker_count()
 worker_class = _worker_class()
 
@@ -112,14 +113,14 @@ worker_class = _worker_class()
 # covers 60 s proxies (AWS ALB, nginx); Google Cloud load balancers keep backend connections
 # for 600 s, so the Kubernetes ConfigMap raises it to 620 s.
 # (Gunicorn wants whole seconds; rounding up keeps it above the proxy's timeout.)
-keepalive = math.ceil(_env_number("KEEPALIVE_TIMEOUT_SECONDS", _DEFAULTS.keepalive_timeout_seconds, minimum=0))
+keepalive = math.ceil(_server.keepalive_timeout_seconds)
 
-graceful_timeout = graceful_timeout_for(drain_seconds)
+graceful_timeout = graceful_timeout_for(_server.shutdown_drain_seconds)
 
 # The accept queue, the app's own LISTEN_BACKLOG (what `serve` uses), so both agree. Gunicorn's
 # default is 2048; 4096 takes a burst of new streams (5,000 in 3 s, measured in
 # docs/performance.md) without overflowing. The kernel caps it at net.core.somaxconn.
-backlog = int(_env_number("LISTEN_BACKLOG", _DEFAULTS.listen_backlog, minimum=1))
+backlog = _server.listen_backlog
 
 # The aiohttp worker heartbeats once a second from its event loop, so this catches a blocked
 # loop. It must also cover start-up (pools, budgets) and a worker draining after a reload,
@@ -137,10 +138,7 @@ control_socket_disable = True
 # aiohttp never access-logs).
 accesslog = None
 
-# LOGURU_LEVEL: the reference's name, read as an alias like the app does (settings_compat).
-loglevel = _env_text("LOG_LEVEL", _env_text("LOGURU_LEVEL", _DEFAULTS.log_level)).lower()
-if loglevel not in ("debug", "info", "warning", "error", "critical"):
-    loglevel = _DEFAULTS.log_level.lower()  # the app's settings report the bad value
+loglevel = _server.log_level.lower()
 # The master's lines in the app's format (JSON with LOG_JSON=true); workers then set up
 # the same formatter themselves (app_factory -> configure_logging).
 logconfig_dict = {
@@ -149,7 +147,7 @@ logconfig_dict = {
     "formatters": {
         "service": {
             "()": "mlpa_aiohttp.observability.logging.stdlib_formatter",
-            "json": json_logs_requested(os.environ),
+            "json": _server.log_json,
         },
     },
     "handlers": {
@@ -165,19 +163,11 @@ logconfig_dict = {
 }
 
 
-def _prometheus_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "").strip() or None
-
-
 def check_configuration() -> list[str]:
-    """Every problem with the environment: this file's variables and the app's settings."""
-    found = list(problems)
-    try:
-        Settings.from_environ(os.environ)
-    except SettingsError as error:
-        named = {problem.split(":", 1)[0] for problem in found}
-        found += [problem for problem in error.problems if problem.split(":", 1)[0] not in named]
-    return found
+    """Every problem with the environment: gunicorn's variables and the app's settings,
+    secrets included."""
+    secrets_checked = Settings.read_environ(os.environ).problems
+    return problems + [problem for problem in secrets_checked if problem not in problems]
 
 
 def on_starting(server) -> None:
@@ -192,7 +182,7 @@ def on_starting(server) -> None:
         if server.pidfile is not None:
             server.pidfile.unlink()
         raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))
-    directory = _prometheus_dir()
+    directory = _reading.settings.observability.prometheus_multiproc_dir
     if directory is None:
         return
     os.makedirs(directory, exist_ok=True)
@@ -208,7 +198,6 @@ def when_ready(server) -> None:
     """Dead-peer detection (mlpa_aiohttp/client_sockets.py) on the listeners: workers'
     accepted client connections inherit keepalive and TCP_USER_TIMEOUT from them."""
     from mlpa_aiohttp import client_sockets
-    from mlpa_aiohttp.settings import Settings
 
     options = Settings.from_environ(os.environ, check_secrets=False).server.dead_peer_options()
     applied = [client_sockets.apply(listener.sock, options) for listener in server.LISTENERS]
@@ -247,7 +236,7 @@ def _restore_backlog_once_serving(worker) -> None:
 
 def child_exit(server, worker) -> None:
     """Drop a dead worker's live gauges from /metrics (its counters are kept)."""
-    directory = _prometheus_dir()
+    directory = _reading.settings.observability.prometheus_multiproc_dir
     if directory is None:
         return
     from prometheus_client import multiprocess

@@ -1,9 +1,23 @@
 """Application assembly.
 
 `create_app(settings)` is pure: it wires collaborators from settings and never reads the
-environment (tests call it directly). `app_factory()` is the gunicorn entry
-(`mlpa_aiohttp.app:app_factory`): the one place that reads `os.environ` and configures
+environment (tests call it directly). `app_factory()` is the gunicorn worker's entry
+(`mlpa_aiohttp.app:app_factory`): it reads the settings from `os.environ` and configures
 process-wide logging.
+
+Who else reads the environment, and why. Every variable of the service is parsed by
+`Settings.from_environ` (settings.py); its other callers are the CLI (`__main__.py`: serve,
+demo, migrate), gunicorn's master (config/gunicorn.conf.py, which alone parses
+GUNICORN_WORKERS, WEB_CONCURRENCY and GUNICORN_WORKER_CLASS) and test tools. Besides it:
+* `settings_compat.warn_about_environment` looks at every variable's name (never its value)
+  for renamed, retired and misspelled ones; here and in the CLI.
+* `startup.json_logs_requested` reads LOG_JSON leniently, so that a start-up failure
+  (even an invalid LOG_JSON) is reported in the requested format; the CLI,
+  gunicorn.conf.py, gunicorn_worker.py and store/migrate.py hand it `os.environ` for that.
+* `__main__`'s demo reads MLPA_UI_ACCESS_KEY to print it, or makes a random one.
+* observability/metrics.py checks PROMETHEUS_MULTIPROC_DIR itself: prometheus_client
+  switches to multiprocess mode on that variable, not on our settings.
+* sentry-sdk reads SENTRY_ENVIRONMENT (observability/sentry.py).
 
 Startup order (cleanup contexts run in this order, and unwind in reverse):
 1. the shared upstream ClientSession and the LiteLLM client;

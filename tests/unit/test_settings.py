@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mlpa_aiohttp.catalog import ServiceType
-from mlpa_aiohttp.settings import FXA_PRODUCTION_URL, FXA_STAGE_URL, Settings, SettingsError, variable_names
+from mlpa_aiohttp.settings import (
+    DEBUG_DEFAULTS,
+    DEFAULT_SECRETS,
+    DEMO_DEFAULTS,
+    FXA_PRODUCTION_URL,
+    FXA_STAGE_URL,
+    FxASettings,
+    ServerSettings,
+    Settings,
+    SettingsError,
+    variable_names,
+)
 
 from ..conftest import TEST_SECRETS
 
@@ -64,3 +77,83 @@ def test_variable_names_cover_the_reference_names() -> None:
     names = variable_names()
     for name in ("PORT", "LITELLM_API_BASE", "MLPA_VIRTUAL_KEY", "STREAMING_TIMEOUT_SECONDS", "USER_FEATURE_BUDGET_AI_BUDGET_ID"):
         assert name in names
+
+
+# --- one default per setting ----------------------------------------------------------------
+
+def differences(read: object, built: object, path: str = "") -> list[str]:
+    """Every field (nested sections included) whose value differs, by its path."""
+    if not dataclasses.is_dataclass(read):
+        return [] if read == built else [f"{path}: read {read!r}, dataclass default {built!r}"]
+    found = []
+    for spec in dataclasses.fields(read):
+        found += differences(getattr(read, spec.name), getattr(built, spec.name), f"{path}.{spec.name}".lstrip("."))
+    return found
+
+
+def test_the_reader_falls_back_to_the_dataclass_defaults() -> None:
+    reading = Settings.read_environ({}, check_secrets=False)
+    assert reading.problems == ()
+    assert differences(reading.settings, Settings()) == []
+
+
+def test_demo_changes_exactly_the_demo_defaults() -> None:
+    assert set(DEMO_DEFAULTS) == {"MLPA_STORE", "MLPA_MOCK_ROUTES"}
+    expected = dataclasses.replace(
+        Settings(), store="memory", server=dataclasses.replace(ServerSettings(), mock_routes=True)
+    )
+    assert differences(Settings.from_environ({}, demo=True), expected) == []
+    # Explicit values still win over the demo's defaults.
+    settings = Settings.from_environ({"MLPA_STORE": "postgres", "MLPA_MOCK_ROUTES": "false"}, demo=True)
+    assert (settings.store, settings.server.mock_routes) == ("postgres", False)
+
+
+def test_debug_changes_exactly_the_debug_defaults() -> None:
+    assert set(DEBUG_DEFAULTS) == {"FXA_BASE_URL"}
+    expected = dataclasses.replace(
+        Settings(),
+        server=dataclasses.replace(ServerSettings(), debug=True),
+        fxa=dataclasses.replace(FxASettings(), base_url=FXA_STAGE_URL),
+    )
+    assert differences(Settings.from_environ({"MLPA_DEBUG": "true"}), expected) == []
+
+
+def test_the_refused_secrets_and_their_defaults() -> None:
+    # Decision 13's list; each default is the field's, which an unset variable yields.
+    assert set(DEFAULT_SECRETS) == {
+        "MASTER_KEY",
+        "MLPA_VIRTUAL_KEY",
+        "MLPA_UI_ACCESS_KEY",
+        "MLPA_ACCESS_TOKEN_SECRET",
+        "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
+    }
+    defaults = Settings()
+    assert DEFAULT_SECRETS == {
+        "MASTER_KEY": defaults.upstream.master_key,
+        "MLPA_VIRTUAL_KEY": defaults.upstream.virtual_key,
+        "MLPA_UI_ACCESS_KEY": defaults.auth.ui_access_key,
+        "MLPA_ACCESS_TOKEN_SECRET": defaults.auth.access_token_secret,
+        "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": defaults.auth.experimentation_token,
+    }
+    # The service has always run with this dev token when the variable is unset.
+    assert defaults.auth.experimentation_token == "secret-dev-token"
+
+
+def test_the_read_timeout_follows_the_streaming_timeout_unless_set() -> None:
+    # Decision 4, in the dataclass and in the reader.
+    assert Settings().upstream.read_timeout_seconds == Settings().upstream.streaming_timeout_seconds
+    debug = {"MLPA_DEBUG": "true"}
+    upstream = Settings.from_environ({**debug, "STREAMING_TIMEOUT_SECONDS": "42"}).upstream
+    assert upstream.read_timeout_seconds == upstream.streaming_timeout_seconds == 42.0
+    upstream = Settings.from_environ({**debug, "STREAMING_TIMEOUT_SECONDS": "42", "UPSTREAM_READ_TIMEOUT_SECONDS": "7"}).upstream
+    assert (upstream.streaming_timeout_seconds, upstream.read_timeout_seconds) == (42.0, 7.0)
+
+
+def test_invalid_values_fall_back_to_the_field_default_when_read_leniently() -> None:
+    environ = {"PORT": "eighty", "LOG_LEVEL": "loud", "PG_COMMAND_TIMEOUT_S": "-1"}
+    reading = Settings.read_environ(environ, check_secrets=False)
+    assert [problem.split(":", 1)[0] for problem in reading.problems] == ["PORT", "LOG_LEVEL", "PG_COMMAND_TIMEOUT_S"]
+    assert differences(reading.settings, Settings()) == []
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_environ(environ, check_secrets=False)
+    assert raised.value.problems == reading.problems

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -136,3 +137,13 @@ def test_a_short_access_token_secret_stops_start_up_with_a_clear_message() -> No
     assert message.startswith("CRITICAL configuration_error: MLPA_ACCESS_TOKEN_SECRET: must be at least 32 bytes for HS256, got 16")
     assert "invalidates every outstanding access token" in message and "docs/migration.md" in message
     assert short not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED))
+def test_the_new_default_in_a_notice_is_the_settings_default(old: str) -> None:
+    """The notice quotes the new variable's default; setting the variable to it changes nothing."""
+    rename = RENAMED[old]
+    quoted = re.search(r"\(([^)]*)\)", rename.new_default)  # "STREAMING_TIMEOUT_SECONDS (300)"
+    value = quoted.group(1) if quoted else rename.new_default
+    debug = {"MLPA_DEBUG": "true"}
+    assert Settings.from_environ({**debug, rename.new: value}) == Settings.from_environ(debug)
