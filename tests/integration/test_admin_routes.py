@@ -237,6 +237,18 @@ async def test_a_sub_app_route_without_a_declared_level_stops_startup() -> None:
     assert (await refuses_to_start(app)).endswith("level: POST /admin/reports/daily")
 
 
+async def test_a_route_beside_the_table_is_refused_wherever_it_is_mounted(aiohttp_client: ClientFactory) -> None:
+    """Outside `/user` and `/admin` the startup check does not look; the middleware of a
+    declared sub-app still refuses any route its table does not name, whatever the key."""
+    app = create_app(admin_settings("http://127.0.0.1:9"))
+    reports = declared_access_app([])
+    reports.router.add_get("/daily", never_served)
+    app.add_subapp("/reports", reports)
+    client = await aiohttp_client(app)
+    for headers in ({}, MASTER, UI):
+        await expect(await client.get("/reports/daily", headers=headers), 401, UNAUTHORIZED)
+
+
 async def test_the_declared_app_starts(aiohttp_client: ClientFactory) -> None:
     """The control for the two above: unchanged, the service starts and serves its page."""
     client = await aiohttp_client(create_app(admin_settings("http://127.0.0.1:9")))
