@@ -76,7 +76,6 @@ async def litellm(aiohttp_server: ServerFactory) -> TestServer:
 class AdminService:
     """The service under test, its own store, and the test-only way to seed that store."""
 
-    kind: str
     client: TestClient
     store: UserStore
     add_user: Callable[..., Awaitable[None]]
@@ -88,8 +87,8 @@ async def start_admin_service(
     """The service on the memory store, or on PostgreSQL when given `pools` (emptied by
     their fixture before the app starts; the app seeds budgets and the capacity row at
     startup, as in production)."""
-    kind = "memory" if pools is None else "postgres"
-    app = create_app(admin_settings(api_base, store=kind, postgres=pg_settings, **options))
+    store_kind = "memory" if pools is None else "postgres"
+    app = create_app(admin_settings(api_base, store=store_kind, postgres=pg_settings, **options))
     client = await aiohttp_client(app)
     store = app[keys.STORE]
 
@@ -100,7 +99,7 @@ async def start_admin_service(
             assert isinstance(store, MemoryUserStore)
             store.add_user(user_id, budget_id, blocked=blocked)
 
-    return AdminService(kind, client, store, add_user)
+    return AdminService(client, store, add_user)
 
 
 AdminServiceFactory = Callable[..., Awaitable[AdminService]]
