@@ -151,7 +151,9 @@ def _record_oversized(request: web.Request) -> None:
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
     """`on_response_prepare`: runs for JSON, error and streamed responses alike (§5.1)."""
-    server = request.app[keys.SETTINGS].server
+    # `config_dict`, not `app`: for a sub-application's route (the admin API) `request.app`
+    # is the sub-application by the time the response is prepared.
+    server = request.config_dict[keys.SETTINGS].server
     if not server.security_headers_enabled:
         return
     response.headers["X-Content-Type-Options"] = "nosniff"

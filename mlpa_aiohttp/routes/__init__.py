@@ -22,7 +22,7 @@ def setup_routes(app: web.Application) -> None:
     router.add_get("/v1/usage", usage.usage)
     # App Attest challenge/attestation and the Play Integrity token exchange.
     setup_verify_routes(app)
-    # `/user/*` admin API and the `/admin` page (their own key checks).
+    # `/user/*` admin API and the `/admin` page: sub-apps, each route with a declared access level.
     setup_admin_routes(app)
     # Load-testing routes, only when MLPA_MOCK_ROUTES=true (decision 16).
     setup_mock_routes(app)

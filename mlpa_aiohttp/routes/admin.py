@@ -1,5 +1,11 @@
 """The admin API under `/user` and the read-only dashboard at `/admin` (spec §1.6, §1.10).
 
+Each is a sub-application whose routes are declared in a table with an `Access` level and
+no default; the sub-application's middleware checks that level before any handler runs,
+so a handler never authenticates by itself and cannot forget to. At startup the service
+refuses to run if any route under `/user` or `/admin` lacks a declared level (one added
+straight to a router, bypassing the tables).
+
 Auth is by header, constant-time, full string including the `Bearer ` prefix:
 
 * `master_key` (or `master-key`): list, lookup, budget, block, unblock;
@@ -13,12 +19,14 @@ the reference's 500 bodies; nothing internal reaches a response body.
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import hmac
 import importlib.resources
 import json
 import re
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable
 
 import aiohttp
 from aiohttp import web
@@ -55,12 +63,24 @@ def require_key(request: web.Request, header_names: tuple[str, ...], key: str) -
         raise AuthRejected({"error": "Unauthorized"})
 
 
-def require_master_key(request: web.Request) -> None:
-    require_key(request, MASTER_KEY_HEADERS, request.config_dict[keys.SETTINGS].upstream.master_key)
+class Access(enum.Enum):
+    """Who may call an admin route. Every admin route states one; there is no default."""
+
+    MASTER_KEY = "master key"
+    UI_ACCESS_KEY = "UI access key"
+    # The dashboard page: it holds no data; the key is typed into it and sent by its script.
+    PUBLIC = "public"
 
 
-def require_ui_access_key(request: web.Request) -> None:
-    require_key(request, UI_ACCESS_KEY_HEADERS, request.config_dict[keys.SETTINGS].auth.ui_access_key)
+def require_access(request: web.Request, access: Access) -> None:
+    settings = request.config_dict[keys.SETTINGS]
+    match access:
+        case Access.MASTER_KEY:
+            require_key(request, MASTER_KEY_HEADERS, settings.upstream.master_key)
+        case Access.UI_ACCESS_KEY:
+            require_key(request, UI_ACCESS_KEY_HEADERS, settings.auth.ui_access_key)
+        case Access.PUBLIC:
+            pass
 
 
 # -- validation (the reference's 422 list shape) ------------------------------------
@@ -106,7 +126,6 @@ async def _service_type_body(request: web.Request) -> str:
 
 
 async def list_users(request: web.Request) -> web.Response:
-    require_master_key(request)
     limit, limit_error = _int_query(request, "limit", LIMIT_DEFAULT, LIMIT_MIN, LIMIT_MAX)
     offset, offset_error = _int_query(request, "offset", 0, 0, None)
     problems = [e for e in (limit_error, offset_error) if e is not None]
@@ -120,7 +139,6 @@ async def list_users(request: web.Request) -> web.Response:
 
 
 async def counts_by_service_type(request: web.Request) -> web.Response:
-    require_ui_access_key(request)
     try:
         counts = await request.config_dict[keys.STORE].counts_by_service_type()
     except StoreUnavailable:
@@ -129,7 +147,6 @@ async def counts_by_service_type(request: web.Request) -> web.Response:
 
 
 async def signup_cap_status(request: web.Request) -> web.Response:
-    require_ui_access_key(request)
     cap = request.config_dict[keys.SETTINGS].signup_cap
     try:
         state = await request.config_dict[keys.STORE].capacity_state()
@@ -160,7 +177,6 @@ async def signup_cap_status(request: web.Request) -> web.Response:
 
 async def user_info(request: web.Request) -> web.Response:
     """LiteLLM's `/customer/info` for one end user, verbatim (master key, decision 10)."""
-    require_master_key(request)
     user_id = request.match_info["user_id"]
     if not user_id.strip() or not is_identifier(user_id):
         raise NotFound("User not found")  # blank, or never issued (wire rules)
@@ -180,7 +196,6 @@ async def user_info(request: web.Request) -> web.Response:
 
 
 async def set_budget(request: web.Request) -> web.Response:
-    require_master_key(request)
     user_id = request.match_info["user_id"]
     name = await _service_type_body(request)
     service_type = ServiceType.parse(name)
@@ -200,7 +215,6 @@ async def set_budget(request: web.Request) -> web.Response:
 
 def _set_blocked(blocked: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
-        require_master_key(request)
         try:
             # An id the wire rules refuse is never stored: the store finds nothing (404).
             user: EndUser | None = await request.config_dict[keys.STORE].set_blocked(
@@ -242,16 +256,104 @@ def _admin_page() -> Handler:
     return admin_page
 
 
-def setup_admin_routes(app: web.Application) -> None:
-    """Register `/user/*` and `/admin`. Fixed paths come before `/user/{user_id}`."""
-    router = app.router
-    router.add_get("/user", list_users)
-    router.add_get("/user/counts-by-service-type", counts_by_service_type)
-    router.add_get("/user/signup-cap-status", signup_cap_status)
-    router.add_get("/user/{user_id}", user_info)
-    router.add_post("/user/{user_id}/budget", set_budget)
-    router.add_post("/user/{user_id}/block", _set_blocked(True))
-    router.add_post("/user/{user_id}/unblock", _set_blocked(False))
+# -- registration: every route with its declared access level ------------------------
+
+
+@dataclass(frozen=True)
+class AdminRoute:
+    method: str
+    path: str  # below the mount prefix; "" is the prefix itself
+    handler: Handler
+    access: Access
+
+
+USER_PREFIX = "/user"
+PAGE_PREFIX = "/admin"
+
+
+def user_api_routes() -> tuple[AdminRoute, ...]:
+    # Fixed paths come before `/{user_id}`, which would otherwise match them.
+    return (
+        AdminRoute("GET", "", list_users, Access.MASTER_KEY),
+        AdminRoute("GET", "/counts-by-service-type", counts_by_service_type, Access.UI_ACCESS_KEY),
+        AdminRoute("GET", "/signup-cap-status", signup_cap_status, Access.UI_ACCESS_KEY),
+        AdminRoute("GET", "/{user_id}", user_info, Access.MASTER_KEY),
+        AdminRoute("POST", "/{user_id}/budget", set_budget, Access.MASTER_KEY),
+        AdminRoute("POST", "/{user_id}/block", _set_blocked(True), Access.MASTER_KEY),
+        AdminRoute("POST", "/{user_id}/unblock", _set_blocked(False), Access.MASTER_KEY),
+    )
+
+
+def admin_page_routes() -> tuple[AdminRoute, ...]:
     page = _admin_page()
-    router.add_get("/admin", page)
-    router.add_get("/admin/", page)
+    return (AdminRoute("GET", "", page, Access.PUBLIC), AdminRoute("GET", "/", page, Access.PUBLIC))
+
+
+DECLARED_ACCESS = web.AppKey("declared_access", dict[web.AbstractRoute, Access])
+
+
+@web.middleware
+async def check_declared_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+    match_info = request.match_info
+    # No route matched below the prefix: the 404 or 405 goes out as it would anywhere.
+    if match_info.http_exception is None:
+        # `request.app` is the sub-application here, so this is its own table.
+        access = request.app[DECLARED_ACCESS].get(match_info.route)
+        if access is None:
+            # The startup check refuses such a route; should one get here anyway, it is
+            # refused rather than served.
+            raise AuthRejected({"error": "Unauthorized"})
+        require_access(request, access)
+    return await handler(request)
+
+
+def declared_access_app(routes: Iterable[AdminRoute]) -> web.Application:
+    """A sub-application serving `routes`, each behind its declared access level."""
+    app = web.Application(middlewares=[check_declared_access])
+    declared: dict[web.AbstractRoute, Access] = {}
+    for route in routes:
+        resource = app.router.add_resource(route.path)
+        # GET also answers HEAD, as `add_get` does, under the same access level.
+        methods = ("GET", "HEAD") if route.method == "GET" else (route.method,)
+        for method in methods:
+            declared[resource.add_route(method, route.handler)] = route.access
+    app[DECLARED_ACCESS] = declared
+    return app
+
+
+class UndeclaredAdminAccess(RuntimeError):
+    """A route under an admin prefix without a declared access level: the app must not start."""
+
+
+def _is_under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def undeclared_admin_routes(app: web.Application) -> list[str]:
+    """`METHOD path` of every route under an admin prefix that no access table covers."""
+    found = []
+    for resource in app.router.resources():
+        if not any(_is_under(resource.canonical, prefix) for prefix in (USER_PREFIX, PAGE_PREFIX)):
+            continue
+        # A declared sub-application carries its table; anything else has none.
+        mounted = resource.get_info().get("app")
+        declared = mounted.get(DECLARED_ACCESS, {}) if isinstance(mounted, web.Application) else {}
+        for route in resource:
+            if route not in declared:
+                path = route.resource.canonical if route.resource is not None else resource.canonical
+                found.append(f"{route.method} {path}")
+    return found
+
+
+async def refuse_undeclared_admin_routes(app: web.Application) -> None:
+    undeclared = undeclared_admin_routes(app)
+    if undeclared:
+        raise UndeclaredAdminAccess("admin routes without a declared access level: " + ", ".join(undeclared))
+
+
+def setup_admin_routes(app: web.Application) -> None:
+    """Mount `/user/*` and `/admin`, and refuse to start with an undeclared admin route."""
+    app.add_subapp(USER_PREFIX, declared_access_app(user_api_routes()))
+    app.add_subapp(PAGE_PREFIX, declared_access_app(admin_page_routes()))
+    # First of all startup steps: a refusal then leaves nothing opened to close.
+    app.on_startup.insert(0, refuse_undeclared_admin_routes)

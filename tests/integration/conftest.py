@@ -17,9 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator,
 
 import asyncpg
 import pytest
-from aiohttp import web
 
-from mlpa_aiohttp.errors import ApiError
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
@@ -147,17 +145,6 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         )
 
     return StoreUnderTest("postgres", store, pg_creator.calls, add_pg_user, set_pg_spend, set_pg_reset)
-
-
-@web.middleware
-async def api_error_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """The lead's error mapping, reduced to what the admin routes need."""
-    try:
-        return await handler(request)
-    except ApiError as err:
-        return web.json_response(err.body(), status=err.status, headers=dict(err.headers))
 
 
 def assert_json_ready(value: object) -> None:

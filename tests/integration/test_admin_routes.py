@@ -1,9 +1,11 @@
-"""The admin API over real HTTP, backed by the real stores (and a loopback LiteLLM for
-`/customer/info`). Exact bodies and statuses per spec §1.6, decisions 10 and 12."""
+"""The admin API over real HTTP, through the service's own app (`create_app(settings)`, so
+production's middlewares and error mapping answer), on both stores (and a loopback LiteLLM
+for `/customer/info`). Exact bodies and statuses per spec §1.6, decisions 10 and 12."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -11,14 +13,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from mlpa_aiohttp import keys
-from mlpa_aiohttp.upstream.litellm import LiteLLMClient
+from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.catalog import ServiceType, service_type_list_text
-from mlpa_aiohttp.routes.admin import setup_admin_routes
-from mlpa_aiohttp.settings import AuthSettings, Settings, SignupCapSettings, UpstreamSettings
+from mlpa_aiohttp.routes.admin import UndeclaredAdminAccess, declared_access_app
+from mlpa_aiohttp.settings import AuthSettings, PostgresSettings, Settings, SignupCapSettings, UpstreamSettings
 from mlpa_aiohttp.store.base import UserStore
+from mlpa_aiohttp.store.memory import MemoryUserStore
+from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.postgres import ThrowawayPostgres
 
-from .conftest import StoreUnderTest, api_error_middleware
+from .conftest import insert_user
 
 pytestmark = pytest.mark.postgres
 
@@ -33,28 +37,16 @@ ClientFactory = Callable[..., Awaitable[TestClient]]
 ServerFactory = Callable[..., Awaitable[TestServer]]
 
 
-def admin_settings(api_base: str, *, enforce: bool = True) -> Settings:
+def admin_settings(
+    api_base: str, *, store: str = "memory", postgres: PostgresSettings | None = None, enforce: bool = True
+) -> Settings:
     return Settings(
         upstream=UpstreamSettings(api_base=api_base, master_key=MASTER_KEY),
         auth=AuthSettings(ui_access_key=UI_KEY),
         signup_cap=SignupCapSettings(enforce=enforce, max_signed_in_users=500, capped_service_types=CAPPED),
+        store=store,
+        postgres=postgres if postgres is not None else PostgresSettings(),
     )
-
-
-def admin_app(store: UserStore, settings: Settings) -> web.Application:
-    app = web.Application(middlewares=[api_error_middleware])
-    app[keys.SETTINGS] = settings
-    app[keys.STORE] = store
-
-    async def http_session(app: web.Application) -> AsyncIterator[None]:
-        async with aiohttp.ClientSession() as session:
-            app[keys.HTTP_SESSION] = session
-            app[keys.LITELLM] = LiteLLMClient(session, settings.upstream)
-            yield
-
-    app.cleanup_ctx.append(http_session)
-    setup_admin_routes(app)
-    return app
 
 
 async def fake_customer_info(request: web.Request) -> web.Response:
@@ -80,9 +72,60 @@ async def litellm(aiohttp_server: ServerFactory) -> TestServer:
     return await aiohttp_server(app)
 
 
+@dataclass
+class AdminService:
+    """The service under test, its own store, and the test-only way to seed that store."""
+
+    client: TestClient
+    store: UserStore
+    add_user: Callable[..., Awaitable[None]]
+
+
+async def start_admin_service(
+    aiohttp_client: ClientFactory, api_base: str, *, pools: Pools | None, pg_settings: PostgresSettings | None, **options: Any
+) -> AdminService:
+    """The service on the memory store, or on PostgreSQL when given `pools` (emptied by
+    their fixture before the app starts; the app seeds budgets and the capacity row at
+    startup, as in production)."""
+    store_kind = "memory" if pools is None else "postgres"
+    app = create_app(admin_settings(api_base, store=store_kind, postgres=pg_settings, **options))
+    client = await aiohttp_client(app)
+    store = app[keys.STORE]
+
+    async def add_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+        if pools is not None:
+            await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
+        else:
+            assert isinstance(store, MemoryUserStore)
+            store.add_user(user_id, budget_id, blocked=blocked)
+
+    return AdminService(client, store, add_user)
+
+
+AdminServiceFactory = Callable[..., Awaitable[AdminService]]
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def make_admin_service(request: pytest.FixtureRequest, aiohttp_client: ClientFactory) -> AdminServiceFactory:
+    """`await make_admin_service(api_base, **settings_options)`, once per store kind."""
+    on_postgres = request.param == "postgres"
+    pools: Pools | None = request.getfixturevalue("pools") if on_postgres else None
+    pg_settings: PostgresSettings | None = request.getfixturevalue("pg_settings") if on_postgres else None
+
+    async def build(api_base: str, **options: Any) -> AdminService:
+        return await start_admin_service(aiohttp_client, api_base, pools=pools, pg_settings=pg_settings, **options)
+
+    return build
+
+
 @pytest.fixture
-async def client(any_store: StoreUnderTest, litellm: TestServer, aiohttp_client: ClientFactory) -> TestClient:
-    return await aiohttp_client(admin_app(any_store.store, admin_settings(str(litellm.make_url("")))))
+async def service(make_admin_service: AdminServiceFactory, litellm: TestServer) -> AdminService:
+    return await make_admin_service(str(litellm.make_url("")))
+
+
+@pytest.fixture
+def client(service: AdminService) -> TestClient:
+    return service.client
 
 
 async def expect(response: aiohttp.ClientResponse, status: int, body: Any) -> None:
@@ -100,6 +143,27 @@ MASTER_ROUTES = [
     ("POST", "/user/someone:ai/unblock"),
 ]
 UI_ROUTES = [("GET", "/user/counts-by-service-type"), ("GET", "/user/signup-cap-status")]
+PUBLIC_ROUTES = [("GET", "/admin"), ("GET", "/admin/")]
+
+
+def admin_route_templates(app: web.Application) -> set[tuple[str, str]]:
+    """(method, path template) of every route the app serves under `/user` and `/admin`."""
+    return {
+        (route.method, route.resource.canonical)
+        for route in app.router.routes()
+        if route.resource is not None and route.resource.canonical.startswith(("/user", "/admin"))
+    }
+
+
+def test_the_auth_tests_cover_every_admin_route() -> None:
+    """A new admin route must join MASTER_ROUTES, UI_ROUTES or PUBLIC_ROUTES (and so the
+    401 test below), or this fails."""
+    listed = {
+        (method, path.replace("someone:ai", "{user_id}")) for method, path in MASTER_ROUTES + UI_ROUTES + PUBLIC_ROUTES
+    }
+    listed |= {("HEAD", path) for method, path in listed if method == "GET"}
+    app = create_app(admin_settings("http://127.0.0.1:9"))
+    assert admin_route_templates(app) == listed
 
 
 @pytest.mark.parametrize("method,path", MASTER_ROUTES + UI_ROUTES)
@@ -116,6 +180,22 @@ async def test_missing_or_wrong_key_is_401(client: TestClient, method: str, path
     ]
     for headers in cases:
         await expect(await client.request(method, path, headers=headers, json={}), 401, UNAUTHORIZED)
+    if method == "GET":  # its HEAD twin is held to the same key
+        assert (await client.head(path)).status == 401
+
+
+async def test_the_key_is_checked_before_the_request_is_read(client: TestClient) -> None:
+    """Auth comes first: a request that is wrong in every other way is still only 401."""
+    await expect(await client.get("/user", params={"limit": "0"}), 401, UNAUTHORIZED)
+    await expect(await client.get("/user/%20"), 401, UNAUTHORIZED)
+    response = await client.post("/user/u:ai/budget", data=b"{not json", headers={"Content-Type": "application/json"})
+    await expect(response, 401, UNAUTHORIZED)
+
+
+async def test_unmatched_admin_paths_keep_their_404_and_405(client: TestClient) -> None:
+    await expect(await client.get("/user/a/b/c"), 404, {"detail": "Not Found"})
+    response = await client.delete("/user", headers=MASTER)
+    assert response.status == 405 and set(response.headers["Allow"].split(",")) == {"GET", "HEAD"}
 
 
 async def test_non_ascii_key_is_401(client: TestClient) -> None:
@@ -129,12 +209,57 @@ async def test_hyphenated_header_names_work(client: TestClient) -> None:
     assert response.status == 200
 
 
+async def never_served(request: web.Request) -> web.Response:
+    raise AssertionError("an undeclared admin route was served")
+
+
+async def refuses_to_start(app: web.Application) -> str:
+    """What `AppRunner.setup()` (run by gunicorn's worker and the test server alike) raises."""
+    runner = web.AppRunner(app)
+    with pytest.raises(UndeclaredAdminAccess) as refusal:
+        await runner.setup()
+    return str(refusal.value)
+
+
+async def test_a_root_route_under_user_without_a_declared_level_stops_startup() -> None:
+    app = create_app(admin_settings("http://127.0.0.1:9"))
+    app.router.add_get("/user/{user_id}/export", never_served)  # straight onto the router: no level
+    message = await refuses_to_start(app)
+    assert "GET /user/{user_id}/export" in message and "HEAD /user/{user_id}/export" in message
+
+
+async def test_a_sub_app_route_without_a_declared_level_stops_startup() -> None:
+    app = create_app(admin_settings("http://127.0.0.1:9"))
+    reports = declared_access_app([])
+    reports.router.add_post("/daily", never_served)  # beside the table, not through it
+    app.add_subapp("/admin/reports", reports)
+    assert (await refuses_to_start(app)).endswith("level: POST /admin/reports/daily")
+
+
+async def test_a_route_beside_the_table_is_refused_wherever_it_is_mounted(aiohttp_client: ClientFactory) -> None:
+    """Outside `/user` and `/admin` the startup check does not look; the middleware of a
+    declared sub-app still refuses any route its table does not name, whatever the key."""
+    app = create_app(admin_settings("http://127.0.0.1:9"))
+    reports = declared_access_app([])
+    reports.router.add_get("/daily", never_served)
+    app.add_subapp("/reports", reports)
+    client = await aiohttp_client(app)
+    for headers in ({}, MASTER, UI):
+        await expect(await client.get("/reports/daily", headers=headers), 401, UNAUTHORIZED)
+
+
+async def test_the_declared_app_starts(aiohttp_client: ClientFactory) -> None:
+    """The control for the two above: unchanged, the service starts and serves its page."""
+    client = await aiohttp_client(create_app(admin_settings("http://127.0.0.1:9")))
+    assert (await client.get("/admin")).status == 200
+
+
 # -- list and counts ---------------------------------------------------------------
 
 
-async def test_list_users_pages(client: TestClient, any_store: StoreUnderTest) -> None:
+async def test_list_users_pages(client: TestClient, service: AdminService) -> None:
     for user_id in ("c:ai", "a:ai", "b:s2s"):
-        await any_store.add_user(user_id, "end-user-budget-ai")
+        await service.add_user(user_id, "end-user-budget-ai")
     response = await client.get("/user", headers=MASTER)
     assert response.status == 200
     body = await response.json()
@@ -167,9 +292,9 @@ async def test_list_users_rejects_bad_paging(client: TestClient, params: dict[st
     await expect(await client.get("/user", params=params, headers=MASTER), 422, expected)
 
 
-async def test_counts_by_service_type(client: TestClient, any_store: StoreUnderTest) -> None:
+async def test_counts_by_service_type(client: TestClient, service: AdminService) -> None:
     for user_id in ("a:ai", "b:ai", "a:memories", "no-colon"):
-        await any_store.add_user(user_id)
+        await service.add_user(user_id)
     await expect(
         await client.get("/user/counts-by-service-type", headers=UI),
         200,
@@ -177,24 +302,22 @@ async def test_counts_by_service_type(client: TestClient, any_store: StoreUnderT
     )
 
 
-async def test_signup_cap_status(client: TestClient, any_store: StoreUnderTest) -> None:
-    response = await client.get("/user/signup-cap-status", headers=UI)
-    await expect(
-        response,
-        200,
-        {
-            "enforce_signin_cap": True,
-            "capped_service_types": ["ai", "memories"],
-            "max_signed_in_users": 500,
-            "current_managed_identities": None,
-            "slots_remaining": None,
-            "capacity_updated_at": None,
-            "capacity_row_missing": True,
-        },
-    )
-    await any_store.add_user("a:ai")
-    await any_store.store.ensure_capacity_state(2, CAPPED)
-    await any_store.store.admit("b")
+async def test_signup_cap_status(client: TestClient, service: AdminService) -> None:
+    # Startup seeded the row from the settings (500), with no managed identity yet.
+    body = await (await client.get("/user/signup-cap-status", headers=UI)).json()
+    updated_at = body.pop("capacity_updated_at")
+    assert isinstance(updated_at, str) and updated_at[:2] == "20"
+    assert body == {
+        "enforce_signin_cap": True,
+        "capped_service_types": ["ai", "memories"],
+        "max_signed_in_users": 500,
+        "current_managed_identities": 0,
+        "slots_remaining": 500,
+        "capacity_row_missing": False,
+    }
+    await service.add_user("a:ai")
+    await service.store.ensure_capacity_state(2, CAPPED)
+    await service.store.admit("b")
     body = await (await client.get("/user/signup-cap-status", headers=UI)).json()
     updated_at = body.pop("capacity_updated_at")
     assert isinstance(updated_at, str) and updated_at[:2] == "20"
@@ -206,6 +329,27 @@ async def test_signup_cap_status(client: TestClient, any_store: StoreUnderTest) 
         "slots_remaining": 0,
         "capacity_row_missing": False,
     }
+
+
+async def test_signup_cap_status_without_the_capacity_row(
+    pools: Pools, pg_settings: PostgresSettings, litellm: TestServer, aiohttp_client: ClientFactory
+) -> None:
+    """Only PostgreSQL can lose the row after startup (the memory store always has it)."""
+    service = await start_admin_service(aiohttp_client, str(litellm.make_url("")), pools=pools, pg_settings=pg_settings)
+    await pools.app.execute("DELETE FROM mlpa_user_capacity")
+    await expect(
+        await service.client.get("/user/signup-cap-status", headers=UI),
+        200,
+        {
+            "enforce_signin_cap": True,
+            "capped_service_types": ["ai", "memories"],
+            "max_signed_in_users": 500,
+            "current_managed_identities": None,
+            "slots_remaining": None,
+            "capacity_updated_at": None,
+            "capacity_row_missing": True,
+        },
+    )
 
 
 # -- lookup (proxied to LiteLLM) ----------------------------------------------------
@@ -229,22 +373,22 @@ async def test_user_info_failures(client: TestClient) -> None:
     assert (await client.get("/user/", headers=MASTER)).status in (404, 422)
 
 
-async def test_user_info_with_litellm_unreachable(any_store: StoreUnderTest, aiohttp_client: ClientFactory) -> None:
-    client = await aiohttp_client(admin_app(any_store.store, admin_settings("http://127.0.0.1:1")))
+async def test_user_info_with_litellm_unreachable(make_admin_service: AdminServiceFactory) -> None:
+    client = (await make_admin_service("http://127.0.0.1:1")).client
     await expect(await client.get("/user/x:ai", headers=MASTER), 500, {"detail": {"error": "Error fetching user info"}})
 
 
 # -- writes ------------------------------------------------------------------------
 
 
-async def test_set_budget(client: TestClient, any_store: StoreUnderTest) -> None:
-    await any_store.add_user("u:ai", "end-user-budget-ai")
+async def test_set_budget(client: TestClient, service: AdminService) -> None:
+    await service.add_user("u:ai", "end-user-budget-ai")
     await expect(
         await client.post("/user/u:ai/budget", json={"service_type": "search-dev"}, headers=MASTER),
         200,
         {"user_id": "u:ai", "budget_id": "end-user-budget-search-dev", "service_type": "search-dev"},
     )
-    user = await any_store.store.get_user("u:ai")
+    user = await service.store.get_user("u:ai")
     assert user is not None and user.budget_id == "end-user-budget-search-dev"
     await expect(
         await client.post("/user/missing:ai/budget", json={"service_type": "ai"}, headers=MASTER),
@@ -277,8 +421,8 @@ async def test_set_budget_validation(client: TestClient) -> None:
         await expect(response, 422, {"detail": errors})
 
 
-async def test_block_and_unblock(client: TestClient, any_store: StoreUnderTest) -> None:
-    await any_store.add_user("u:ai", "end-user-budget-ai")
+async def test_block_and_unblock(client: TestClient, service: AdminService) -> None:
+    await service.add_user("u:ai", "end-user-budget-ai")
     response = await client.post("/user/u:ai/block", headers=MASTER)
     assert response.status == 200
     row = await response.json()
@@ -294,9 +438,10 @@ async def test_block_and_unblock(client: TestClient, any_store: StoreUnderTest) 
 
 
 async def test_database_down_gives_the_reference_500_bodies(
-    pg_server: ThrowawayPostgres, pg_store: Any, litellm: TestServer, aiohttp_client: ClientFactory
+    pg_server: ThrowawayPostgres, pools: Pools, pg_settings: PostgresSettings, litellm: TestServer, aiohttp_client: ClientFactory
 ) -> None:
-    client = await aiohttp_client(admin_app(pg_store, admin_settings(str(litellm.make_url("")))))
+    service = await start_admin_service(aiohttp_client, str(litellm.make_url("")), pools=pools, pg_settings=pg_settings)
+    client = service.client
     expected = [
         ("GET", "/user", MASTER, None, "Error listing users"),
         ("GET", "/user/counts-by-service-type", UI, None, "Error counting users by service type"),
