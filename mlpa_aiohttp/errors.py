@@ -4,8 +4,9 @@ exceptions; one middleware (`middlewares.error_mapping`) turns them into respons
 An error also says what it means to the chat metrics: `availability_reason` (the
 availability sample, spec §6) and `rejection_reason` (the rejection counter, only for the
 refusals the reference counts there). None means the error is not counted. The chat route
-records them in one place (`routes.proxy.refusals_recorded`); a classified upstream error
-takes both from its `Classification`.
+records its refusals before the relay in one place (`routes.proxy.refusals_recorded`); once
+the relay runs, `relay.outcome.CompletionOutcome` records instead, a classified upstream
+error by its `Classification` (whose reasons `UpstreamRejected` carries as well).
 
     ApiError                      status + the reference's JSON body (+ headers)
     ├── RequestInvalid            422 {"detail": [{"loc", "msg", "type"}]}
