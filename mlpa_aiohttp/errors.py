@@ -1,11 +1,19 @@
-"""The domain error tree. Every step below the routes raises these; one middleware maps
-them to HTTP (`middlewares.error_middleware`), so no module here imports `aiohttp.web`.
+"""The domain error tree. The steps behind the routes raise these, not aiohttp's HTTP
+exceptions; one middleware (`middlewares.error_mapping`) turns them into responses.
+
+An error also says what it means to the chat metrics: `availability_reason` (the
+availability sample, spec §6) and `rejection_reason` (the rejection counter, only for the
+refusals the reference counts there). None means the error is not counted. The chat route
+records its refusals before the relay in one place (`routes.proxy.refusals_recorded`); once
+the relay runs, `relay.outcome.CompletionOutcome` records instead, a classified upstream
+error by its `Classification` (whose reasons `UpstreamRejected` carries as well).
 
     ApiError                      status + the reference's JSON body (+ headers)
     ├── RequestInvalid            422 {"detail": [{"loc", "msg", "type"}]}
     ├── PayloadTooLarge           413 {"error": 3} on chat, {"detail": {"error": 3}} elsewhere
     ├── InvalidModelName          400 {"detail": {"error": 8}}
     ├── BadRequest                400 {"detail": <text or object>}
+    │   └── ServiceTypeNotForModel  400: the model is pinned to other service types
     ├── AuthRejected              401 {"detail": <text>}
     ├── Forbidden                 403 {"detail": <text or object>}
     │   ├── SignupCapExceeded     403 {"detail": {"error": 4}}
@@ -15,6 +23,7 @@ them to HTTP (`middlewares.error_middleware`), so no module here imports `aiohtt
     ├── UpstreamRejected          classified LiteLLM error: 4xx {"detail": {"error": N}} + Retry-After
     ├── UpstreamError             unclassified / transport: {"detail": {"error": <text>}}
     └── ServerFault               5xx {"detail": <text or object>}: our own dependency failed
+        └── ProvisioningFailed    500: the caller's LiteLLM end user could not be read or created
 """
 
 from __future__ import annotations
@@ -50,10 +59,16 @@ class Classification:
     log_prefix: str
 
 
+# What the auth step's 400s (purpose, malformed credentials) mean to availability (spec §2.1).
+INVALID_AUTH_REQUEST = "invalid_auth_request"
+
+
 class ApiError(Exception):
-    """An error with a definite HTTP status and body."""
+    """An error with a definite HTTP status and body, and its meaning to the chat metrics."""
 
     status: int = 500
+    availability_reason: str | None = None
+    rejection_reason: str | None = None
 
     def __init__(
         self,
@@ -98,6 +113,7 @@ class PayloadTooLarge(ApiError):
 
 class InvalidModelName(ApiError):
     status = 400
+    availability_reason = "invalid_model_name"
 
     def __init__(self) -> None:
         super().__init__({"error": CODE_INVALID_MODEL_NAME})
@@ -107,8 +123,13 @@ class BadRequest(ApiError):
     status = 400
 
 
+class ServiceTypeNotForModel(BadRequest):
+    availability_reason = "invalid_service_type_for_model"
+
+
 class AuthRejected(ApiError):
     status = 401
+    availability_reason = "auth_rejected"
 
 
 class Forbidden(ApiError):
@@ -116,11 +137,15 @@ class Forbidden(ApiError):
 
 
 class SignupCapExceeded(Forbidden):
+    availability_reason = rejection_reason = "signup_cap_exceeded"
+
     def __init__(self) -> None:
         super().__init__({"error": CODE_SIGNUP_CAP})
 
 
 class UserBlocked(Forbidden):
+    availability_reason = "blocked"
+
     def __init__(self) -> None:
         super().__init__({"error": "User is blocked."})
 
@@ -133,6 +158,7 @@ class TooManyStreams(ApiError):
     """One identity already holds its share of open streams in this worker."""
 
     status = 429
+    availability_reason = rejection_reason = "concurrent_stream_limit"
 
     def __init__(self) -> None:
         super().__init__(
@@ -150,6 +176,8 @@ class UpstreamRejected(ApiError):
             headers["Retry-After"] = str(classification.retry_after)
         super().__init__({"error": classification.code}, status=classification.status, headers=headers)
         self.classification = classification
+        self.availability_reason = classification.availability_reason
+        self.rejection_reason = classification.rejection_reason
 
 
 class UpstreamError(ApiError):
@@ -161,3 +189,7 @@ class UpstreamError(ApiError):
 
 class ServerFault(ApiError):
     status = 500
+
+
+class ProvisioningFailed(ServerFault):
+    availability_reason = "provisioning_failure"

@@ -1,8 +1,10 @@
 """Middlewares and response signals. Order (outermost first), and why:
 
 1. `request_context` binds the log context, times the request and writes the one
-   canonical log line and request metrics, also for cancelled (client-gone) requests.
-   Outermost, so it sees the final status of everything below, 413s and 404s included.
+   canonical log line, also for a cancelled handler (the client left: `client_disconnected`,
+   499; shutdown ended it: `ended_by_shutdown`, 503), and the request metrics of every
+   completed response. Outermost, so it sees the final status of everything below, 413s
+   and 404s included.
 2. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
    JSON bodies; unhandled exceptions become a 500 JSON body, logged once with traceback.
    It also applies the Content-Length limit (decision 7) before any handler reads.
@@ -62,19 +64,21 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     metrics.in_progress.inc()
     started = time.monotonic()
     status = 500
+    cancelled_event = None
     try:
         response = await handler(request)
         status = response.status
         return response
     except asyncio.CancelledError:
-        status = 499  # nginx's "client closed request": no response was completed
-        structlog.contextvars.bind_contextvars(client_disconnected=True)
+        status, cancelled_event = _cancelled(request)
+        if cancelled_event == CLIENT_DISCONNECTED:
+            structlog.contextvars.bind_contextvars(client_disconnected=True)
         raise
     finally:
         elapsed = time.monotonic() - started
         metrics.in_progress.dec()
         method = clamp_method(request.method)
-        if status != 499:
+        if cancelled_event is None:  # else no response was completed
             metrics.requests.labels(
                 method,
                 route,
@@ -84,10 +88,32 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
             metrics.request_latency.labels(method, route).observe(elapsed)
-        context = structlog.contextvars.get_contextvars()
-        event = "client_disconnected" if context.get("client_disconnected") else "request"
+        event = cancelled_event or _completed_event()
         log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path)
         structlog.contextvars.clear_contextvars()
+
+
+# The events of the request's log line, and the statuses a cancelled handler's line carries.
+CLIENT_DISCONNECTED = "client_disconnected"
+ENDED_BY_SHUTDOWN = "ended_by_shutdown"
+CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request"
+SHUTTING_DOWN = 503  # as in the shutdown frame, `{"code": 503, "error": "Server shutting down"}`
+
+
+def _completed_event() -> str:
+    # A stream's relay binds `client_disconnected` when a write found the client gone.
+    return CLIENT_DISCONNECTED if structlog.contextvars.get_contextvars().get("client_disconnected") else "request"
+
+
+def _cancelled(request: web.Request) -> tuple[int, str]:
+    """Who cancelled the handler, as (status, event). aiohttp's connection-lost callback
+    drops the transport before it cancels the handler, so with the connection still open
+    this side did, and in this service only shutdown does: the drain deadline ending a
+    stream that has no upstream response yet, or the runner cancelling what is left when
+    its shutdown timeout ends."""
+    if request.transport is None:
+        return CLIENT_CLOSED_REQUEST, CLIENT_DISCONNECTED
+    return SHUTTING_DOWN, ENDED_BY_SHUTDOWN
 
 
 def _json_error(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
-from .errors import BadRequest, InvalidModelName, RequestInvalid, validation_error
+from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel, validation_error
 from .wire import JsonSyntaxError, decode_json
 
 MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
@@ -228,13 +228,13 @@ def check_model_service_type(model: str, service_type: ServiceType) -> None:
     allowed = PINNED_MODELS.get(model)
     if allowed is not None:
         if service_type not in allowed:
-            raise BadRequest(
+            raise ServiceTypeNotForModel(
                 f"Invalid service-type value for model {model}. Should be one of {[st.value for st in allowed]}"
             )
         return
     pinned_models = [m for m, types in PINNED_MODELS.items() if service_type in types]
     if pinned_models:
-        raise BadRequest(
+        raise ServiceTypeNotForModel(
             f"Invalid service-type value {service_type.value} for model {model}. "
             f"Service type {service_type.value} is only valid for models {pinned_models}"
         )

@@ -19,7 +19,7 @@ from .. import keys
 from ..auth.dispatch import bearer_token
 from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
 from ..catalog import ServiceType
-from ..errors import AuthRejected, RequestInvalid, UserBlocked, validation_error
+from ..errors import AuthRejected, RequestInvalid, validation_error
 from ..models import ChatRequest, parse_chat_body
 from ..settings import ServerSettings
 from .proxy import authorize_chat
@@ -52,9 +52,7 @@ def setup_mock_routes(app: web.Application) -> None:
 async def mock_chat_completions(request: web.Request) -> web.StreamResponse:
     """The chat route's validation, auth and provisioning, then a canned reply."""
     chat, principal = await authorize_chat(request)
-    user = await request.app[keys.PROVISIONER].get_or_create(principal.user_id)
-    if user.blocked:
-        raise UserBlocked()
+    await request.app[keys.PROVISIONER].provision(principal.user_id)
     return await _canned_reply(request, chat)
 
 
@@ -91,9 +89,7 @@ async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamRespo
 
     user_id = f"{identity.uid}:{service_type.value}"
     structlog.contextvars.bind_contextvars(user=user_id, service_type=service_type.value, model=chat.model)
-    user = await request.app[keys.PROVISIONER].get_or_create(user_id)
-    if user.blocked:
-        raise UserBlocked()
+    await request.app[keys.PROVISIONER].provision(user_id)
     return await _canned_reply(request, chat)
 
 

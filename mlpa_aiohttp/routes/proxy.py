@@ -1,24 +1,20 @@
 """`POST /v1/chat/completions` and `POST /v1/search`: validate, authenticate, provision,
-relay (spec §1.8, §1.9). Each step short-circuits with a domain error."""
+relay (spec §1.8, §1.9). Each step short-circuits with a domain error; what a refused chat
+request means to the metrics is the error's own (`errors.ApiError`), recorded by
+`refusals_recorded`. Once the relay runs, `CompletionOutcome` records instead."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
 
 from .. import keys
-from ..errors import (
-    ApiError,
-    AuthRejected,
-    BadRequest,
-    InvalidModelName,
-    SignupCapExceeded,
-    TooManyStreams,
-    UserBlocked,
-)
+from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
 from ..models import (
     ChatRequest,
     ProxyHeaders,
@@ -30,16 +26,18 @@ from ..models import (
     resolve_purpose,
 )
 from ..observability.labels import clamp_country, clamp_model
+from ..observability.metrics import Metrics
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.outcome import CompletionOutcome
 from ..relay.keepalive import FirstByteKeepAlive
 from ..relay.stream import StreamRelay
-from ..store.base import EndUser
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
 from .request_body import read_body
 
 log = structlog.get_logger(__name__)
+
+SEARCH_MODEL_LABEL = "exa-search"
 
 
 def _bind_principal(principal: Principal) -> None:
@@ -52,49 +50,67 @@ def _bind_principal(principal: Principal) -> None:
 
 
 async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_body: bytes) -> Principal:
-    """The authorize step every authenticated route shares: purpose rules, then the auth
-    chain (App Attest, access token, dev key + FxA, FxA); the principal joins the log context."""
+    """The auth step every authenticated route shares: purpose rules, then the auth chain
+    (App Attest, access token, dev key + FxA, FxA); the principal joins the log context."""
     settings = request.app[keys.SETTINGS]
-    purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
-    principal = await request.app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    try:
+        purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+        principal = await request.app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
+    except BadRequest as error:
+        # Which 400 this is depends on the step: here it is a malformed auth request.
+        if error.availability_reason is None:
+            error.availability_reason = INVALID_AUTH_REQUEST
+        raise
     _bind_principal(principal)
     return principal
 
 
+def _count_country(request: web.Request, service_type: str, model_label: str) -> None:
+    """Once the caller is authenticated (spec §6: chat and search alike)."""
+    request.app[keys.METRICS].requests_by_country.labels(
+        service_type, model_label, clamp_country(request.headers.get("X-Geo-Country"))
+    ).inc()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatLabels:
+    """The labels of a chat request's availability and rejection samples. The purpose is
+    the header's, trimmed: the same value the authenticated principal carries."""
+
+    model: str
+    service_type: str
+    purpose: str
+
+
+@contextmanager
+def refusals_recorded(metrics: Metrics, labels: ChatLabels) -> Iterator[None]:
+    """Record a chat request refused inside the block, as its error says (one availability
+    sample, and a rejection where the reference counts one); an error that names no reason
+    passes unrecorded, and so does cancellation."""
+    try:
+        yield
+    except ApiError as error:
+        kwargs = {"model": labels.model, "service_type": labels.service_type, "purpose": labels.purpose}
+        if error.rejection_reason is not None:
+            metrics.chat_rejection(error.rejection_reason, **kwargs)
+        if error.availability_reason is not None:
+            metrics.chat_availability(error.availability_reason, **kwargs)
+        raise
+
+
 async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     """Steps shared by the chat route and the mock chat route (spec §1.7, §1.8): validate,
-    check model and purpose, authenticate; availability is recorded for each rejection, and
-    the country metric once the caller is known."""
-    metrics = request.app[keys.METRICS]
+    check model and purpose, authenticate, each refusal recorded; the country metric once
+    the caller is known."""
     raw_body = await read_body(request)
     headers, chat = parse_chat(raw_body, request.headers)
-    service_type = headers.service_type.value
     structlog.contextvars.bind_contextvars(model=chat.model)
-
-    def unavailable(reason: str) -> None:
-        metrics.chat_availability(reason, model=chat.model, service_type=service_type, purpose=headers.purpose.strip())
-
-    try:
+    labels = ChatLabels(chat.model, headers.service_type.value, headers.purpose.strip())
+    with refusals_recorded(request.app[keys.METRICS], labels):
         check_model_name(chat.model)
-    except InvalidModelName:
-        unavailable("invalid_model_name")
-        raise
-    try:
         check_model_service_type(chat.model, headers.service_type)
-    except BadRequest:
-        unavailable("invalid_service_type_for_model")
-        raise
-    try:
         principal = await authenticate_caller(request, headers, raw_body)
-    except AuthRejected:
-        unavailable("auth_rejected")
-        raise
-    except BadRequest:
-        unavailable("invalid_auth_request")
-        raise
-    metrics.requests_by_country.labels(
-        service_type, clamp_model(chat.model), clamp_country(request.headers.get("X-Geo-Country"))
-    ).inc()
+    _count_country(request, labels.service_type, clamp_model(chat.model))
     return chat, principal
 
 
@@ -104,6 +120,7 @@ class PreparedCompletion:
 
     body: UpstreamBody
     stream: bool
+    labels: ChatLabels
     outcome: CompletionOutcome
     # The LiteLLM end user `uid:service_type`: the identity a stream slot is held for.
     user_id: str
@@ -130,7 +147,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
             return await relay.run()
-        _take_stream_slot(request, completion)
+        with refusals_recorded(app[keys.METRICS], completion.labels):
+            _take_stream_slot(request, completion)
         try:
             return await relay.run()
         finally:
@@ -167,11 +185,6 @@ def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> N
     slots = request.app[keys.STREAM_SLOTS]
     if slots.try_take(completion.user_id):
         return
-    outcome = completion.outcome
-    labels = {"model": outcome.model, "service_type": outcome.service_type, "purpose": outcome.purpose}
-    metrics = request.app[keys.METRICS]
-    metrics.chat_rejection("concurrent_stream_limit", **labels)
-    metrics.chat_availability("concurrent_stream_limit", **labels)
     log.warning("concurrent_stream_limit", limit=slots.limit)
     raise TooManyStreams()
 
@@ -182,59 +195,39 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
-    service_type, purpose = principal.service_type.value, principal.purpose
-
-    user = await _provision_for_chat(request, principal, chat.model)
-    if user.blocked:
-        metrics.chat_availability("blocked", model=chat.model, service_type=service_type, purpose=purpose)
-        raise UserBlocked()
+    labels = ChatLabels(chat.model, principal.service_type.value, principal.purpose)
+    with refusals_recorded(metrics, labels):
+        await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
-        metrics.requests_with_tools.labels(clamp_model(chat.model), service_type, purpose).inc()
+        metrics.requests_with_tools.labels(clamp_model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
         body=completion_body(chat, user=principal.user_id, defaults=settings.completion),
         stream=chat.stream,
+        labels=labels,
         outcome=CompletionOutcome(
-            metrics, model=chat.model, service_type=service_type, purpose=purpose, started=started
+            metrics, model=chat.model, service_type=labels.service_type, purpose=labels.purpose, started=started
         ),
         user_id=principal.user_id,
     )
 
 
-async def _provision_for_chat(request: web.Request, principal: Principal, model: str) -> EndUser:
-    metrics = request.app[keys.METRICS]
-    labels = {"model": model, "service_type": principal.service_type.value, "purpose": principal.purpose}
-    try:
-        return await request.app[keys.PROVISIONER].get_or_create(principal.user_id)
-    except SignupCapExceeded:
-        metrics.chat_rejection("signup_cap_exceeded", **labels)
-        metrics.chat_availability("signup_cap_exceeded", **labels)
-        raise
-    except ApiError as error:
-        if error.status >= 500:
-            metrics.chat_availability("provisioning_failure", **labels)
-        raise
-
-
 async def search(request: web.Request) -> web.Response:
+    """Spec §1.9: the auth step, then the service-type rule (after auth, unlike chat's model
+    rules), then provisioning. Search records no availability; its relay records latency
+    and classified rejections."""
     app = request.app
-    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
     raw_body = await read_body(request)
     headers, query = parse_search(raw_body, request.headers)
     principal = await authenticate_caller(request, headers, raw_body)
-    purpose = principal.purpose
-    metrics.requests_by_country.labels(
-        principal.service_type.value, "exa-search", clamp_country(request.headers.get("X-Geo-Country"))
-    ).inc()
+    service_type, purpose = principal.service_type.value, principal.purpose
+    _count_country(request, service_type, SEARCH_MODEL_LABEL)
     check_search_service_type(principal.service_type)
-    user = await app[keys.PROVISIONER].get_or_create(principal.user_id)
-    if user.blocked:
-        raise UserBlocked()
-    body = search_body(query, user=principal.user_id, service_type=principal.service_type.value, purpose=purpose)
+    await app[keys.PROVISIONER].provision(principal.user_id)
     return await relay_search(
         client=app[keys.LITELLM],
-        body=body,
-        metrics=metrics,
-        service_type=principal.service_type.value,
+        body=search_body(query, user=principal.user_id, service_type=service_type, purpose=purpose),
+        metrics=app[keys.METRICS],
+        service_type=service_type,
         purpose=purpose,
-        debug=settings.server.debug,
+        debug=app[keys.SETTINGS].server.debug,
     )

@@ -1,7 +1,7 @@
 """`GET /v1/usage`: the caller's own spend and budget limits for one service type.
 
-Authenticated by the chat route's authorize step (`proxy.authenticate_caller`): the same
-headers, auth chain and service-type rules. The user id read is the authenticated
+Authenticated by the auth step the chat and search routes share (`proxy.authenticate_caller`):
+the same headers, purpose rules and auth chain. The user id read is the authenticated
 principal's and nothing else: no query parameter or header can name another user.
 A user LiteLLM does not know yet is 404 (reading must not claim a signup slot or create
 a LiteLLM customer); a blocked user is 403, as on chat.

@@ -1,4 +1,5 @@
-"""Get or create the caller's LiteLLM end user, with the signup cap (spec §3.1, §3.2).
+"""Provision the caller's LiteLLM end user: get or create it, with the signup cap, and
+refuse a blocked one (spec §3.1, §3.2).
 
 Creation (claim a slot, create the user, give the slot back on failure) runs shielded
 from the request: a client that leaves mid-way must never leak a capacity slot.
@@ -12,7 +13,7 @@ from typing import Mapping
 import structlog
 
 from ..catalog import BudgetTier, ServiceType
-from ..errors import ApiError, BadRequest, ServerFault, SignupCapExceeded
+from ..errors import ApiError, BadRequest, ProvisioningFailed, SignupCapExceeded, UserBlocked
 from ..settings import SignupCapSettings
 from ..wire import is_base_identity
 from .base import CapacityStateMissing, EndUser, UserStore
@@ -33,7 +34,16 @@ class Provisioner:
         self._budgets = budgets
         self._cap = signup_cap
 
-    async def get_or_create(self, user_id: str) -> EndUser:
+    async def provision(self, user_id: str) -> EndUser:
+        """The caller's end user, created on first use. Raises `UserBlocked` for a blocked
+        one, `SignupCapExceeded` when a new identity finds the cap full, and
+        `ProvisioningFailed` when the store fails."""
+        user = await self._get_or_create(user_id)
+        if user.blocked:
+            raise UserBlocked()
+        return user
+
+    async def _get_or_create(self, user_id: str) -> EndUser:
         base_identity, _, suffix = user_id.partition(":")
         service_type = ServiceType.parse(suffix)
         if not is_base_identity(base_identity) or service_type is None:
@@ -52,7 +62,7 @@ class Provisioner:
             raise
         except Exception as exc:
             log.error("provisioning_failed", error_type=type(exc).__name__, exc_info=exc)
-            raise ServerFault(FETCH_FAILED) from None
+            raise ProvisioningFailed(FETCH_FAILED) from None
 
     async def _create(self, base_identity: str, user_id: str, service_type: ServiceType) -> EndUser:
         newly_claimed = False
@@ -60,7 +70,7 @@ class Provisioner:
             try:
                 admission = await self._store.admit(base_identity)
             except CapacityStateMissing:
-                raise ServerFault(CAPACITY_MISSING) from None
+                raise ProvisioningFailed(CAPACITY_MISSING) from None
             if not admission.admitted:
                 raise SignupCapExceeded()
             newly_claimed = admission.newly_claimed
@@ -74,7 +84,7 @@ class Provisioner:
             if newly_claimed:
                 await self._release(base_identity)
             log.error("user_missing_after_creation")
-            raise ServerFault(CREATION_FAILED)
+            raise ProvisioningFailed(CREATION_FAILED)
         return user
 
     async def _release(self, base_identity: str) -> None:

@@ -270,6 +270,53 @@ async def test_streams_ended_by_shutdown_are_not_counted_as_failures(make_servic
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "upstream_error", **labels}) == 0
 
 
+def _request_lines(caplog) -> list[dict]:
+    return [e for e in events(caplog) if e.get("path") == "/v1/chat/completions" and "status" in e]
+
+
+def _status_codes_counted(service: Service) -> set[str]:
+    return {
+        s.labels["status_code"]
+        for family in service.app[keys.METRICS].registry.collect()
+        if family.name == "mlpa_response_status_codes"
+        for s in family.samples
+        if s.name == "mlpa_response_status_codes_total"
+    }
+
+
+async def test_client_hang_up_before_upstream_headers_is_logged_as_499(service: Service, caplog) -> None:
+    service.litellm.next_scenarios.append("hang_before_headers")
+    response = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    response.close()
+    await _wait_for(lambda: _request_lines(caplog))
+    [line] = _request_lines(caplog)
+    assert (line["event"], line["status"], line["client_disconnected"]) == ("client_disconnected", 499, True)
+    assert line["disconnect_reason"] in ("client_closed", "client_reset")
+    assert _status_codes_counted(service) == set(), "a request without a completed response is not counted"
+
+
+async def test_stream_ended_by_shutdown_is_not_logged_as_a_client_disconnect(make_service, caplog) -> None:
+    # Before LiteLLM's headers, the drain deadline can only cancel the handler (no frame to
+    # end the stream with); the client is still connected and must not be blamed.
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
+    service.litellm.next_scenarios.append("hang_before_headers")
+    response = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await service.app.shutdown()
+    await _wait_for(lambda: _request_lines(caplog))
+    [line] = _request_lines(caplog)
+    assert (line["event"], line["status"], line["level"]) == ("ended_by_shutdown", 503, "INFO")
+    assert "client_disconnected" not in line and "disconnect_reason" not in line
+    assert line["result"] == "error"
+    assert not events(caplog, "client_disconnected")
+    labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **labels}) == 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **labels}) == 0
+    assert _status_codes_counted(service) == set(), "a request without a completed response is not counted"
+    response.close()
+
+
 @pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
 async def test_silent_upstream_ends_the_stream_with_an_error_frame(make_service, scenario: str, caplog) -> None:
     service = await make_service(STREAMING_TIMEOUT_SECONDS="0.3")
