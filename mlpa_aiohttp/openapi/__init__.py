@@ -24,8 +24,9 @@ from ..errors import (
     CODE_UPSTREAM_RATE_LIMITED,
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
-from ..models import CHAT_FIELDS
+from ..models import ChatBody, SearchRequest
 from ..store.base import MEMORY_STORE_STATE
+from ..validation import VALIDATION_ERROR_SCHEMA
 from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
@@ -71,18 +72,6 @@ _SSE_EVENT: Schema = {
     },
     "required": ["data"],
 }
-
-_FIELD_SCHEMAS: dict[str, Schema] = {
-    "str": {"type": "string"},
-    "bool": {"type": "boolean"},
-    "int": {"type": "integer"},
-    "float": {"type": "number"},
-    "list": {"type": "array", "items": {}},
-    "dict": {"type": "object"},
-    "str|dict": {"oneOf": [{"type": "string"}, {"type": "object"}]},
-    "str|list[str]": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-}
-
 
 def _ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -274,10 +263,6 @@ def _usage_operation() -> Schema:
 
 
 def _components() -> Schema:
-    chat_properties = {name: dict(_FIELD_SCHEMAS[kind]) for name, kind in CHAT_FIELDS.items()}
-    chat_properties["model"]["pattern"] = r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$"
-    chat_properties["stream"]["default"] = False
-    chat_properties["messages"]["items"] = {"type": "object"}
     return {
         "securitySchemes": {
             "ClientAuth": {
@@ -341,27 +326,88 @@ def _components() -> Schema:
                     "budget_reset_at", "tpm_limit", "rpm_limit",
                 ],
             },
-            "ValidationError": {
-                "type": "object",
-                "properties": {
-                    "loc": {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
-                    "msg": {"type": "string"},
-                    "type": {"type": "string"},
-                },
-                "required": ["loc", "msg", "type"],
-            },
+            "ValidationError": VALIDATION_ERROR_SCHEMA,
             "HTTPValidationError": {
                 "type": "object",
                 "properties": {"detail": {"type": "array", "items": _ref("ValidationError")}},
                 "required": ["detail"],
             },
+            # The request bodies' schemas come from the models that validate them.
             "ChatCompletionRequest": {
-                "type": "object",
+                **ChatBody.model_json_schema(),
                 "description": "OpenAI-style chat request; unknown fields are dropped. `max_tokens` sent "
                 "upstream is `max_completion_tokens`, else `max_tokens`, else the configured default, "
                 "capped at the configured maximum.",
-                "properties": chat_properties,
-                "required": ["model"],
+            },
+            "ChatCompletion": {"type": "object", "description": "LiteLLM's chat completion JSON, unchanged."},
+            "SearchRequest": SearchRequest.model_json_schema(),
+            "AttestationAuth": {
+                "type": "http",
+                "scheme": "bearer",
+                "bearerFormat": "JWT",
+                "description": "An unsigned JWT envelope carrying an App Attest attestation (`AttestationAuth` schema).",
+            },
+            "MasterKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "master_key",
+                "description": "`Bearer <MASTER_KEY>`; also accepted as header `master-key`.",
+            },
+            "UIAccessKey": {
+                "type": "apiKey",
+                "in": "header",
+                "name": "mlpa_ui_access_key",
+                "description": "`Bearer <MLPA_UI_ACCESS_KEY>`; also accepted as header `mlpa-ui-access-key`.",
+            },
+        },
+        "schemas": {
+            "ErrorCode": {
+                "type": "object",
+                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_TOO_MANY_STREAMS]}},
+                "required": ["error"],
+            },
+            "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},
+            "DetailMessage": {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]},
+            "DetailErrorMessage": {
+                "type": "object",
+                "properties": {"detail": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}},
+                "required": ["detail"],
+            },
+            "DetailErrorCodeOrMessage": {"oneOf": [_ref("DetailErrorCode"), _ref("DetailErrorMessage")]},
+            "DetailAny": {"type": "object", "properties": {"detail": {}}, "required": ["detail"]},
+            "Usage": {
+                "type": "object",
+                "properties": {
+                    "service_type": {"type": "string", "enum": [st.value for st in ServiceType]},
+                    "spend": {"type": "number", "description": "USD spent in the current budget period"},
+                    "max_budget": {"type": ["number", "null"], "description": "USD allowed per budget period"},
+                    "remaining_budget": {"type": ["number", "null"], "description": "max(0, max_budget - spend)"},
+                    "budget_duration": {"type": ["string", "null"], "description": "Budget period, e.g. `1d`, `7d`"},
+                    "budget_reset_at": {
+                        "type": ["string", "null"],
+                        "format": "date-time",
+                        "description": "When LiteLLM next resets the spend; null until LiteLLM has set it",
+                    },
+                    "tpm_limit": {"type": ["integer", "null"], "description": "Tokens per minute"},
+                    "rpm_limit": {"type": ["integer", "null"], "description": "Requests per minute"},
+                },
+                "required": [
+                    "service_type", "spend", "max_budget", "remaining_budget", "budget_duration",
+                    "budget_reset_at", "tpm_limit", "rpm_limit",
+                ],
+            },
+            "ValidationError": VALIDATION_ERROR_SCHEMA,
+            "HTTPValidationError": {
+                "type": "object",
+                "properties": {"detail": {"type": "array", "items": _ref("ValidationError")}},
+                "required": ["detail"],
+            },
+            # The request bodies' schemas come from the models that validate them.
+            "ChatCompletionRequest": {
+                **ChatBody.model_json_schema(),
+                "description": "OpenAI-style chat request; unknown fields are dropped. `max_tokens` sent "
+                "upstream is `max_completion_tokens`, else `max_tokens`, else the configured default, "
+                "capped at the configured maximum.",
             },
             "ChatCompletion": {"type": "object", "description": "LiteLLM's chat completion JSON, unchanged."},
             "SearchRequest": {
