@@ -35,13 +35,14 @@ class ProxyHeaders(BaseModel):
 
     model_config = _TEXT_VALUES
 
-    authorization: str
+    # repr=False: credentials never reach a log line or an error report.
+    authorization: str = Field(repr=False)
     service_type: ServiceType = Field(alias="service-type")
     use_app_attest: bool = Field(False, alias="use-app-attest")
     use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
     use_play_integrity: bool = Field(False, alias="use-play-integrity")
     purpose: str = ""
-    dev_authorization: str | None = Field(None, alias="x-dev-authorization")
+    dev_authorization: str | None = Field(None, alias="x-dev-authorization", repr=False)
 
 
 class SearchHeaders(ProxyHeaders):
@@ -55,7 +56,7 @@ class AttestHeaders(BaseModel):
 
     model_config = _TEXT_VALUES
 
-    authorization: str
+    authorization: str = Field(repr=False)
     use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
 
 
@@ -64,19 +65,19 @@ class MockNoAuthHeaders(BaseModel):
 
     model_config = _TEXT_VALUES
 
-    authorization: str
+    authorization: str = Field(repr=False)
     service_type: ServiceType = Field(ServiceType.AI, alias="service-type")
-
-
-def _header_values(model: type[BaseModel], headers: Mapping[str, str]) -> dict[str, str]:
-    """The model's headers only (first value of each): the validator never sees the rest."""
-    return {name: headers[name] for name in _HEADER_NAMES[model] if name in headers}
 
 
 _HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {
     model: tuple(info.alias or name for name, info in model.model_fields.items())
     for model in (ProxyHeaders, SearchHeaders, AttestHeaders, MockNoAuthHeaders)
 }
+
+
+def _header_values(model: type[BaseModel], headers: Mapping[str, str]) -> dict[str, str]:
+    """The model's headers only (first value of each): the validator never sees the rest."""
+    return {name: headers[name] for name in _HEADER_NAMES[model] if name in headers}
 _PROXY_HEADER_SETS: dict[ServiceType | None, type[ProxyHeaders]] = {None: ProxyHeaders, ServiceType.SEARCH: SearchHeaders}
 
 
@@ -242,7 +243,7 @@ class PlayRequest(BaseModel):
 
     model_config = _JSON_BODY
 
-    integrity_token: str
+    integrity_token: str = Field(repr=False)
     user_id: str
     package_name: str = ""
 
