@@ -21,7 +21,7 @@ from .validation import HEADER, QUERY, Model, Problem, validate, validate_json_b
 
 MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
 
-_JSON_BODY = ConfigDict(strict=True, extra="ignore")
+_JSON_BODY = ConfigDict(strict=True, extra="ignore", frozen=True)
 # Header and query values arrive as text: lax, so pydantic parses "true" or "12".
 _TEXT_VALUES = ConfigDict(extra="ignore", frozen=True)
 
