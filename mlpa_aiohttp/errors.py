@@ -88,16 +88,12 @@ class ApiError(Exception):
 
 
 class RequestInvalid(ApiError):
-    """Malformed body or headers, in the reference's 422 list shape."""
+    """Malformed body or headers, in the reference's 422 list shape (items: `validation.py`)."""
 
     status = 422
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
         super().__init__(errors)
-
-
-def validation_error(loc: tuple[str | int, ...], msg: str, type_: str) -> dict[str, Any]:
-    return {"loc": list(loc), "msg": msg, "type": type_}
 
 
 class PayloadTooLarge(ApiError):

@@ -1,180 +1,133 @@
-"""Chat and search request models: parsing, validation and the rules that run before auth.
+"""The request models: every body, header set and query the routes validate.
 
-Validation failures collect every problem (headers and body together) into the
-reference's 422 shape; the field allowlist of spec §4.1 drops unknown fields.
+They are pydantic models because the reference's 422 bodies are pydantic's errors
+(FastAPI's defaults); `validation.py` turns those errors into the wire shape. Bodies are
+strict (a JSON string is not a boolean or a number), header and query values are text and
+parsed as pydantic parses them (`true/1/yes/on...`, `"12"`). Unknown fields are dropped:
+for chat that is the parameter allowlist of spec §4.1.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
-from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel, validation_error
-from .wire import JsonSyntaxError, decode_json
+from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel
+from .validation import HEADER, QUERY, Model, Problem, validate, validate_json_body
 
 MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
 
-_BOOL_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_BOOL_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
-_SERVICE_TYPE_CHOICES = ", ".join(f"'{st.value}'" for st in list(ServiceType)[:-1]) + f" or '{list(ServiceType)[-1].value}'"
-
-
-# -- typed field checks (each returns an error dict or None) ---------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-_FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
-    "str": (lambda v: isinstance(v, str), "string_type", "Input should be a valid string"),
-    "bool": (lambda v: isinstance(v, bool), "bool_type", "Input should be a valid boolean"),
-    "int": (_is_int, "int_type", "Input should be a valid integer"),
-    "float": (_is_number, "float_type", "Input should be a valid number"),
-    "list": (lambda v: isinstance(v, list), "list_type", "Input should be a valid list"),
-    "dict": (lambda v: isinstance(v, dict), "dict_type", "Input should be a valid dictionary"),
-    "str|dict": (lambda v: isinstance(v, (str, dict)), "union_type", "Input should be a valid string or dictionary"),
-    "str|list[str]": (
-        lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(i, str) for i in v)),
-        "union_type",
-        "Input should be a valid string or a list of strings",
-    ),
-}
-
-# The chat parameter allowlist (spec §4.1): name -> type. Null is accepted for all
-# but `model`; unknown fields are dropped.
-CHAT_FIELDS: Mapping[str, str] = {
-    "model": "str",
-    "stream": "bool",
-    "messages": "list",
-    "temperature": "float",
-    "max_completion_tokens": "int",
-    "top_p": "float",
-    "tools": "list",
-    "tool_choice": "str|dict",
-    "n": "int",
-    "seed": "int",
-    "top_logprobs": "int",
-    "stream_options": "dict",
-    "logit_bias": "dict",
-    "response_format": "dict",
-    "stop": "str|list[str]",
-    "max_tokens": "int",
-    "presence_penalty": "float",
-    "frequency_penalty": "float",
-    "parallel_tool_calls": "bool",
-    "logprobs": "bool",
-    "text": "bool",
-}
-
-
-def _check_fields(payload: Mapping[str, Any], fields: Mapping[str, str], errors: list[dict[str, Any]]) -> dict[str, Any]:
-    accepted: dict[str, Any] = {}
-    for name, kind in fields.items():
-        if name not in payload or payload[name] is None:
-            continue
-        value = payload[name]
-        check, error_type, message = _FIELD_TYPES[kind]
-        if check(value):
-            accepted[name] = float(value) if kind == "float" else value
-        else:
-            errors.append(validation_error(("body", name), message, error_type))
-    return accepted
-
-
-_NOT_AN_OBJECT = "Input should be a valid dictionary or object to extract fields from"
-
-
-def parse_json_object(
-    raw: bytes, errors: list[dict[str, Any]], *, not_object_message: str = _NOT_AN_OBJECT
-) -> dict[str, Any] | None:
-    """The body as a JSON object; a syntax error or a non-object is appended to `errors`
-    (422), a body that cannot be held as values raises `BodyUnparseable` (400) at once."""
-    try:
-        payload = decode_json(raw)
-    except JsonSyntaxError as exc:
-        errors.append(validation_error(("body", exc.position), "JSON decode error", "json_invalid"))
-        return None
-    if not isinstance(payload, dict):
-        errors.append(
-            validation_error(
-                ("body",),
-                not_object_message,
-                "model_attributes_type",
-            )
-        )
-        return None
-    return payload
+_JSON_BODY = ConfigDict(strict=True, extra="ignore", frozen=True)
+# Header and query values arrive as text: lax, so pydantic parses "true" or "12".
+_TEXT_VALUES = ConfigDict(extra="ignore", frozen=True)
 
 
 # -- headers --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ProxyHeaders:
-    """The headers the proxy routes understand (spec §1.1)."""
+class ProxyHeaders(BaseModel):
+    """The headers the proxy routes understand (spec §1.1); service-type is required.
+    Declaration order is the order of the 422 items."""
 
-    authorization: str
-    service_type: ServiceType
-    purpose: str
-    dev_authorization: str | None
-    use_app_attest: bool
-    use_qa_certificates: bool
-    use_play_integrity: bool
+    model_config = _TEXT_VALUES
+
+    # repr=False: credentials never reach a log line or an error report.
+    authorization: str = Field(repr=False)
+    service_type: ServiceType = Field(alias="service-type")
+    use_app_attest: bool = Field(False, alias="use-app-attest")
+    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
+    use_play_integrity: bool = Field(False, alias="use-play-integrity")
+    purpose: str = ""
+    dev_authorization: str | None = Field(None, alias="x-dev-authorization", repr=False)
 
 
-def parse_bool_header(headers: Mapping[str, str], name: str, errors: list[dict[str, Any]]) -> bool:
-    raw = headers.get(name)
-    if raw is None:
-        return False
-    lowered = raw.strip().lower()
-    if lowered in _BOOL_TRUE:
-        return True
-    if lowered in _BOOL_FALSE:
-        return False
-    errors.append(
-        validation_error(("header", name), "Input should be a valid boolean, unable to interpret input", "bool_parsing")
-    )
-    return False
+class SearchHeaders(ProxyHeaders):
+    """`/v1/search`: service-type defaults to `search`."""
+
+    service_type: ServiceType = Field(ServiceType.SEARCH, alias="service-type")
+
+
+class AttestHeaders(BaseModel):
+    """`POST /verify/attest`."""
+
+    model_config = _TEXT_VALUES
+
+    authorization: str = Field(repr=False)
+    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
+
+
+class MockNoAuthHeaders(BaseModel):
+    """`POST /mock/chat/completions_no_auth`: service-type defaults to `ai`."""
+
+    model_config = _TEXT_VALUES
+
+    authorization: str = Field(repr=False)
+    service_type: ServiceType = Field(ServiceType.AI, alias="service-type")
+
+
+_HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {
+    model: tuple(info.alias or name for name, info in model.model_fields.items())
+    for model in (ProxyHeaders, SearchHeaders, AttestHeaders, MockNoAuthHeaders)
+}
+
+
+def _header_values(model: type[BaseModel], headers: Mapping[str, str]) -> dict[str, str]:
+    """The model's headers only (first value of each): the validator never sees the rest."""
+    return {name: headers[name] for name in _HEADER_NAMES[model] if name in headers}
+_PROXY_HEADER_SETS: dict[ServiceType | None, type[ProxyHeaders]] = {None: ProxyHeaders, ServiceType.SEARCH: SearchHeaders}
+
+
+def parse_headers(model: type[Model], headers: Mapping[str, str], problems: list[Problem]) -> Model | None:
+    return validate(model, _header_values(model, headers), HEADER, problems)
 
 
 def parse_proxy_headers(
-    headers: Mapping[str, str], errors: list[dict[str, Any]], *, default_service_type: ServiceType | None
+    headers: Mapping[str, str], errors: list[Problem], *, default_service_type: ServiceType | None
 ) -> ProxyHeaders | None:
-    authorization = headers.get("authorization")
-    if authorization is None:
-        errors.append(validation_error(("header", "authorization"), "Field required", "missing"))
-    raw_service_type = headers.get("service-type")
-    service_type: ServiceType | None = default_service_type
-    if raw_service_type is not None:
-        service_type = ServiceType.parse(raw_service_type)
-        if service_type is None:
-            errors.append(validation_error(("header", "service-type"), f"Input should be {_SERVICE_TYPE_CHOICES}", "enum"))
-    elif default_service_type is None:
-        errors.append(validation_error(("header", "service-type"), "Field required", "missing"))
-    use_app_attest = parse_bool_header(headers, "use-app-attest", errors)
-    use_qa = parse_bool_header(headers, "use-qa-certificates", errors)
-    use_play = parse_bool_header(headers, "use-play-integrity", errors)
-    if authorization is None or service_type is None:
-        return None
-    return ProxyHeaders(
-        authorization=authorization,
-        service_type=service_type,
-        purpose=headers.get("purpose", ""),
-        dev_authorization=headers.get("x-dev-authorization"),
-        use_app_attest=use_app_attest,
-        use_qa_certificates=use_qa,
-        use_play_integrity=use_play,
-    )
+    """The proxy header set; `default_service_type` is None (required) or `search`."""
+    return parse_headers(_PROXY_HEADER_SETS[default_service_type], headers, errors)
 
 
 # -- chat -------------------------------------------------------------------------------
+
+
+class ChatBody(BaseModel):
+    """The chat body (spec §4.1). Null is accepted for every field but `model`; fields
+    that carry message content stay out of the repr (and so out of logs and reports)."""
+
+    model_config = _JSON_BODY
+
+    # The pattern and defaults below are documentation only (`openapi`): the model-name
+    # rule is a 400 checked later (`check_model_name`), and a null `stream` means false.
+    model: str = Field(json_schema_extra={"pattern": MODEL_NAME.pattern})
+    stream: bool | None = Field(None, json_schema_extra={"default": False})
+    messages: list[Any] | None = Field(None, repr=False, json_schema_extra={"items": {"type": "object"}})
+    temperature: float | None = None
+    max_completion_tokens: int | None = None
+    top_p: float | None = None
+    tools: list[Any] | None = Field(None, repr=False)
+    tool_choice: str | dict[str, Any] | None = Field(None, repr=False)
+    n: int | None = None
+    seed: int | None = None
+    top_logprobs: int | None = None
+    stream_options: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = Field(None, repr=False)
+    response_format: dict[str, Any] | None = Field(None, repr=False)
+    stop: str | list[str] | None = Field(None, repr=False)
+    max_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    text: bool | None = None
+
+
+# The chat parameter allowlist (spec §4.1), in declaration order.
+CHAT_FIELDS: tuple[str, ...] = tuple(ChatBody.model_fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,23 +152,21 @@ class ChatRequest:
 
 def parse_chat(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, ChatRequest]:
     """Validate headers and body together (one 422 listing every problem)."""
-    errors: list[dict[str, Any]] = []
+    errors: list[Problem] = []
     proxy_headers = parse_proxy_headers(headers, errors, default_service_type=None)
     chat = parse_chat_body(raw, errors)
-    if errors or proxy_headers is None:
+    if errors or proxy_headers is None or chat is None:
         raise RequestInvalid(errors)
     return proxy_headers, chat
 
 
-def parse_chat_body(raw: bytes, errors: list[dict[str, Any]]) -> ChatRequest:
+def parse_chat_body(raw: bytes, errors: list[Problem]) -> ChatRequest | None:
     """The body alone; problems are appended to `errors` (the caller raises the 422)."""
-    payload = parse_json_object(raw, errors)
-    fields: dict[str, Any] = {}
-    if payload is not None:
-        fields = _check_fields(payload, CHAT_FIELDS, errors)
-        if payload.get("model") is None and not any(e["loc"] == ["body", "model"] for e in errors):
-            errors.append(validation_error(("body", "model"), "Field required", "missing"))
-    return ChatRequest(fields)
+    body = validate_json_body(ChatBody, raw, errors)
+    if body is None:
+        return None
+    # getattr, not model_dump: dumping would copy every message, for nothing.
+    return ChatRequest({name: value for name in CHAT_FIELDS if (value := getattr(body, name)) is not None})
 
 
 def check_model_name(model: str) -> None:
@@ -260,42 +211,76 @@ def resolve_purpose(raw: str, service_type: ServiceType, *, required: bool) -> s
 # -- search -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class SearchRequest:
+class SearchRequest(BaseModel):
+    """The search body: both fields required, `1 <= max_results <= 10`."""
+
+    model_config = _JSON_BODY
+
     query: str
-    max_results: int
+    max_results: int = Field(ge=1, le=10)
 
 
 def parse_search(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, SearchRequest]:
-    errors: list[dict[str, Any]] = []
+    errors: list[Problem] = []
     proxy_headers = parse_proxy_headers(headers, errors, default_service_type=ServiceType.SEARCH)
-    payload = parse_json_object(raw, errors)
-    query, max_results = None, None
-    if payload is not None:
-        query = payload.get("query")
-        if query is None:
-            errors.append(validation_error(("body", "query"), "Field required", "missing"))
-        elif not isinstance(query, str):
-            errors.append(validation_error(("body", "query"), "Input should be a valid string", "string_type"))
-        max_results = payload.get("max_results")
-        if max_results is None:
-            errors.append(validation_error(("body", "max_results"), "Field required", "missing"))
-        elif not _is_int(max_results):
-            errors.append(validation_error(("body", "max_results"), "Input should be a valid integer", "int_type"))
-        elif max_results < 1:
-            errors.append(
-                validation_error(("body", "max_results"), "Input should be greater than or equal to 1", "greater_than_equal")
-            )
-        elif max_results > 10:
-            errors.append(
-                validation_error(("body", "max_results"), "Input should be less than or equal to 10", "less_than_equal")
-            )
-    if errors or proxy_headers is None:
+    search = validate_json_body(SearchRequest, raw, errors)
+    if errors or proxy_headers is None or search is None:
         raise RequestInvalid(errors)
-    assert isinstance(query, str) and isinstance(max_results, int)
-    return proxy_headers, SearchRequest(query, max_results)
+    return proxy_headers, search
 
 
 def check_search_service_type(service_type: ServiceType) -> None:
     if service_type not in SEARCH_SERVICE_TYPES:
         raise BadRequest(f"service-type header must be one of {[st.value for st in SEARCH_SERVICE_TYPES]}")
+
+
+# -- /verify -------------------------------------------------------------------------------
+
+
+class PlayRequest(BaseModel):
+    """`POST /verify/play` (spec §1.5). An absent `package_name` is the configured default
+    (see `package_name_or`); a null one is refused, as any non-string."""
+
+    model_config = _JSON_BODY
+
+    integrity_token: str = Field(repr=False)
+    user_id: str
+    package_name: str = ""
+
+    def package_name_or(self, default: str) -> str:
+        return self.package_name if "package_name" in self.model_fields_set else default
+
+
+class ChallengeQuery(BaseModel):
+    """`GET /verify/challenge`."""
+
+    model_config = _TEXT_VALUES
+
+    key_id_b64: str
+
+
+# -- admin ---------------------------------------------------------------------------------
+
+USERS_LIMIT_DEFAULT, USERS_LIMIT_MIN, USERS_LIMIT_MAX = 50, 1, 200
+
+
+class UsersPage(BaseModel):
+    """`GET /user` paging."""
+
+    model_config = _TEXT_VALUES
+
+    limit: int = Field(USERS_LIMIT_DEFAULT, ge=USERS_LIMIT_MIN, le=USERS_LIMIT_MAX)
+    offset: int = Field(0, ge=0)
+
+
+class BudgetUpdate(BaseModel):
+    """`POST /user/{user_id}/budget`; the name is checked against the catalogue after."""
+
+    model_config = _JSON_BODY
+
+    service_type: str
+
+
+def parse_query(model: type[Model], query: Mapping[str, str], problems: list[Problem]) -> Model | None:
+    """The model's query parameters only (first value of each)."""
+    return validate(model, {name: query[name] for name in model.model_fields if name in query}, QUERY, problems)

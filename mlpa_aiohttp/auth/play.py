@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import structlog
 
-from ..errors import ApiError, AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError, validation_error
-from ..models import ProxyHeaders, parse_json_object
+from ..errors import ApiError, AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError
+from ..models import PlayRequest, ProxyHeaders
 from ..observability.metrics import Metrics
 from ..settings import AuthSettings, PlaySettings
 from ..upstream.google import (
@@ -20,6 +20,7 @@ from ..upstream.google import (
     PlayIntegrityUnavailable,
     decode_integrity_token,
 )
+from ..validation import Problem, validate_json_body
 from ..wire import is_base_identity
 from .access_token import AccessTokenInvalid, issue_access_token, verify_access_token
 from .dispatch import bearer_token
@@ -32,21 +33,11 @@ INVALID_ACCESS_TOKEN = "Invalid MLPA access token"
 
 def _parse_play_request(raw: bytes, default_package: str) -> tuple[str, str, str]:
     """The body as JSON whatever its content type (spec §5.1), in the 422 shape on error."""
-    errors: list[dict[str, Any]] = []
-    payload = parse_json_object(raw, errors, not_object_message="Input should be a valid dictionary")
-    if payload is None:
-        raise RequestInvalid(errors)
-    values = {}
-    for field, default in (("integrity_token", None), ("user_id", None), ("package_name", default_package)):
-        value = payload.get(field, default)
-        if value is None:
-            errors.append(validation_error(("body", field), "Field required", "missing"))
-        elif not isinstance(value, str):
-            errors.append(validation_error(("body", field), "Input should be a valid string", "string_type"))
-        values[field] = value
-    if errors:
-        raise RequestInvalid(errors)
-    return values["integrity_token"], values["user_id"], values["package_name"]
+    problems: list[Problem] = []
+    body = validate_json_body(PlayRequest, raw, problems)
+    if body is None:
+        raise RequestInvalid(problems)
+    return body.integrity_token, body.user_id, body.package_name_or(default_package)
 
 
 class PlayIntegrity:

@@ -24,8 +24,9 @@ from ..errors import (
     CODE_UPSTREAM_RATE_LIMITED,
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
-from ..models import CHAT_FIELDS
+from ..models import ChatBody, SearchRequest
 from ..store.base import MEMORY_STORE_STATE
+from ..validation import VALIDATION_ERROR_SCHEMA
 from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
@@ -71,18 +72,6 @@ _SSE_EVENT: Schema = {
     },
     "required": ["data"],
 }
-
-_FIELD_SCHEMAS: dict[str, Schema] = {
-    "str": {"type": "string"},
-    "bool": {"type": "boolean"},
-    "int": {"type": "integer"},
-    "float": {"type": "number"},
-    "list": {"type": "array", "items": {}},
-    "dict": {"type": "object"},
-    "str|dict": {"oneOf": [{"type": "string"}, {"type": "object"}]},
-    "str|list[str]": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-}
-
 
 def _ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -274,10 +263,6 @@ def _usage_operation() -> Schema:
 
 
 def _components() -> Schema:
-    chat_properties = {name: dict(_FIELD_SCHEMAS[kind]) for name, kind in CHAT_FIELDS.items()}
-    chat_properties["model"]["pattern"] = r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$"
-    chat_properties["stream"]["default"] = False
-    chat_properties["messages"]["items"] = {"type": "object"}
     return {
         "securitySchemes": {
             "ClientAuth": {
@@ -341,37 +326,21 @@ def _components() -> Schema:
                     "budget_reset_at", "tpm_limit", "rpm_limit",
                 ],
             },
-            "ValidationError": {
-                "type": "object",
-                "properties": {
-                    "loc": {"type": "array", "items": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
-                    "msg": {"type": "string"},
-                    "type": {"type": "string"},
-                },
-                "required": ["loc", "msg", "type"],
-            },
+            "ValidationError": VALIDATION_ERROR_SCHEMA,
             "HTTPValidationError": {
                 "type": "object",
                 "properties": {"detail": {"type": "array", "items": _ref("ValidationError")}},
                 "required": ["detail"],
             },
+            # The request bodies' schemas come from the models that validate them.
             "ChatCompletionRequest": {
-                "type": "object",
+                **ChatBody.model_json_schema(),
                 "description": "OpenAI-style chat request; unknown fields are dropped. `max_tokens` sent "
                 "upstream is `max_completion_tokens`, else `max_tokens`, else the configured default, "
                 "capped at the configured maximum.",
-                "properties": chat_properties,
-                "required": ["model"],
             },
             "ChatCompletion": {"type": "object", "description": "LiteLLM's chat completion JSON, unchanged."},
-            "SearchRequest": {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string"},
-                    "max_results": {"type": "integer", "minimum": 1, "maximum": 10},
-                },
-                "required": ["query", "max_results"],
-            },
+            "SearchRequest": SearchRequest.model_json_schema(),
             "AttestationAuth": {
                 "type": "object",
                 "description": "Payload of the (unsigned) attestation JWT in `Authorization` of `POST /verify/attest`.",

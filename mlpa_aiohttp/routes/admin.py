@@ -33,15 +33,14 @@ from aiohttp import web
 
 from .. import keys
 from ..catalog import ServiceType, service_type_list_text
-from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault, validation_error
-from ..models import parse_json_object
+from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault
+from ..models import BudgetUpdate, UsersPage, parse_query
 from ..store.base import EndUser, StoreUnavailable
+from ..validation import Problem, body_missing, validate_json_body
 from ..wire import is_identifier
 
 MASTER_KEY_HEADERS = ("master_key", "master-key")
 UI_ACCESS_KEY_HEADERS = ("mlpa_ui_access_key", "mlpa-ui-access-key")
-
-LIMIT_DEFAULT, LIMIT_MIN, LIMIT_MAX = 50, 1, 200
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -85,52 +84,26 @@ def require_access(request: web.Request, access: Access) -> None:
 
 # -- validation (the reference's 422 list shape) ------------------------------------
 
-_INTEGER = re.compile(r"[+-]?\d+")
-
-
-def _int_query(request: web.Request, name: str, default: int, minimum: int, maximum: int | None) -> tuple[int, dict[str, Any] | None]:
-    raw = request.query.get(name)
-    if raw is None:
-        return default, None
-    loc = ("query", name)
-    if not _INTEGER.fullmatch(raw.strip()):
-        return default, validation_error(
-            loc, "Input should be a valid integer, unable to parse string as an integer", "int_parsing"
-        )
-    value = int(raw.strip())
-    if value < minimum:
-        return default, validation_error(loc, f"Input should be greater than or equal to {minimum}", "greater_than_equal")
-    if maximum is not None and value > maximum:
-        return default, validation_error(loc, f"Input should be less than or equal to {maximum}", "less_than_equal")
-    return value, None
-
-
 async def _service_type_body(request: web.Request) -> str:
     raw = await request.read()
     if not raw.strip():
-        raise RequestInvalid([validation_error(("body",), "Field required", "missing")])
-    errors: list[dict[str, Any]] = []
-    body = parse_json_object(raw, errors)
-    if body is not None:
-        value = body.get("service_type")
-        if value is None:
-            errors.append(validation_error(("body", "service_type"), "Field required", "missing"))
-        elif not isinstance(value, str):
-            errors.append(validation_error(("body", "service_type"), "Input should be a valid string", "string_type"))
-        else:
-            return value
-    raise RequestInvalid(errors)
+        raise RequestInvalid([body_missing()])
+    problems: list[Problem] = []
+    body = validate_json_body(BudgetUpdate, raw, problems)
+    if body is None:
+        raise RequestInvalid(problems)
+    return body.service_type
 
 
 # -- handlers ----------------------------------------------------------------------
 
 
 async def list_users(request: web.Request) -> web.Response:
-    limit, limit_error = _int_query(request, "limit", LIMIT_DEFAULT, LIMIT_MIN, LIMIT_MAX)
-    offset, offset_error = _int_query(request, "offset", 0, 0, None)
-    problems = [e for e in (limit_error, offset_error) if e is not None]
-    if problems:
+    problems: list[Problem] = []
+    page = parse_query(UsersPage, request.query, problems)
+    if page is None:
         raise RequestInvalid(problems)
+    limit, offset = page.limit, page.offset
     try:
         users, total = await request.config_dict[keys.STORE].list_users(limit, offset)
     except StoreUnavailable:

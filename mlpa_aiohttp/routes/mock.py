@@ -18,10 +18,10 @@ from aiohttp_sse import EventSourceResponse
 from .. import keys
 from ..auth.dispatch import bearer_token
 from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
-from ..catalog import ServiceType
-from ..errors import AuthRejected, RequestInvalid, validation_error
-from ..models import ChatRequest, parse_chat_body
+from ..errors import AuthRejected, RequestInvalid
+from ..models import ChatRequest, MockNoAuthHeaders, parse_chat_body, parse_headers
 from ..settings import ServerSettings
+from ..validation import Problem
 from .proxy import authorize_chat
 
 log = structlog.get_logger(__name__)
@@ -59,22 +59,12 @@ async def mock_chat_completions(request: web.Request) -> web.StreamResponse:
 async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamResponse:
     """A plain chat body and an FxA JWT verified locally against the cached JWKS; unlike
     the reference, the user id carries the service type, so provisioning succeeds."""
-    errors: list[dict[str, Any]] = []
-    authorization = request.headers.get("authorization")
-    if authorization is None:
-        errors.append(validation_error(("header", "authorization"), "Field required", "missing"))
-    service_type = ServiceType.AI
-    raw_service_type = request.headers.get("service-type")
-    if raw_service_type is not None:
-        parsed = ServiceType.parse(raw_service_type)
-        if parsed is None:
-            choices = ", ".join(f"'{st.value}'" for st in ServiceType)
-            errors.append(validation_error(("header", "service-type"), f"Input should be one of {choices}", "enum"))
-        else:
-            service_type = parsed
-    chat = parse_chat_body(await request.read(), errors)
-    if errors or authorization is None:
-        raise RequestInvalid(errors)
+    problems: list[Problem] = []
+    headers = parse_headers(MockNoAuthHeaders, request.headers, problems)
+    chat = parse_chat_body(await request.read(), problems)
+    if problems or headers is None or chat is None:
+        raise RequestInvalid(problems)
+    authorization, service_type = headers.authorization, headers.service_type
 
     # HTTP parsers strip trailing whitespace, so "Bearer " arrives as "Bearer".
     token = bearer_token(authorization)

@@ -5,27 +5,26 @@ from __future__ import annotations
 from aiohttp import web
 
 from .. import keys
-from ..errors import RequestInvalid, validation_error
-from ..models import parse_bool_header
+from ..errors import RequestInvalid
+from ..models import AttestHeaders, ChallengeQuery, parse_headers, parse_query
+from ..validation import Problem
 
 
 async def challenge(request: web.Request) -> web.Response:
-    raw_key_id = request.query.get("key_id_b64")
-    if raw_key_id is None:
-        raise RequestInvalid([validation_error(("query", "key_id_b64"), "Field required", "missing")])
-    issued = await request.app[keys.APP_ATTEST].issue_challenge(raw_key_id)
+    problems: list[Problem] = []
+    query = parse_query(ChallengeQuery, request.query, problems)
+    if query is None:
+        raise RequestInvalid(problems)
+    issued = await request.app[keys.APP_ATTEST].issue_challenge(query.key_id_b64)
     return web.json_response({"challenge": issued})
 
 
 async def attest(request: web.Request) -> web.Response:
-    errors: list = []
-    authorization = request.headers.get("authorization")
-    if authorization is None:
-        errors.append(validation_error(("header", "authorization"), "Field required", "missing"))
-    use_qa = parse_bool_header(request.headers, "use-qa-certificates", errors)
-    if errors or authorization is None:
-        raise RequestInvalid(errors)
-    await request.app[keys.APP_ATTEST].attest(authorization, use_qa=use_qa)
+    problems: list[Problem] = []
+    headers = parse_headers(AttestHeaders, request.headers, problems)
+    if headers is None:
+        raise RequestInvalid(problems)
+    await request.app[keys.APP_ATTEST].attest(headers.authorization, use_qa=headers.use_qa_certificates)
     return web.json_response({"status": "success"}, status=201)
 
 
