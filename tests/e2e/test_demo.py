@@ -23,13 +23,19 @@ def free_port() -> int:
 
 
 async def test_demo_streams_a_completion() -> None:
+    await assert_demo_streams_a_completion({**os.environ, "LOG_LEVEL": "WARNING"})
+
+
+async def assert_demo_streams_a_completion(env: dict[str, str], cwd: str | None = None) -> None:
+    """Start `python -m mlpa_aiohttp demo` with `env` (from `cwd`), run the curl it prints, stop it."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "mlpa_aiohttp", "demo", "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "LOG_LEVEL": "WARNING"},
+        env=env,
+        cwd=cwd,
     )
     try:
         ready = process.stdout.readline()

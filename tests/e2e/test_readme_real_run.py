@@ -23,7 +23,7 @@ import requests
 
 from mlpa_aiohttp.settings import variable_names
 from mlpa_aiohttp.testing.fake_litellm import completion_text
-from mlpa_aiohttp.testing.postgres import ThrowawayPostgres, free_port
+from tests.support.postgres import ThrowawayPostgres, free_port
 
 pytestmark = pytest.mark.e2e
 

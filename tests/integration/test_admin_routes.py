@@ -16,7 +16,7 @@ from mlpa_aiohttp.catalog import ServiceType, service_type_list_text
 from mlpa_aiohttp.routes.admin import setup_admin_routes
 from mlpa_aiohttp.settings import AuthSettings, Settings, SignupCapSettings, UpstreamSettings
 from mlpa_aiohttp.store.base import UserStore
-from mlpa_aiohttp.testing.postgres import ThrowawayPostgres
+from tests.support.postgres import ThrowawayPostgres
 
 from .conftest import StoreUnderTest, api_error_middleware
 

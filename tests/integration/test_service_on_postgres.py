@@ -13,7 +13,7 @@ from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
 

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests, CI and the demo, plus LiteLLM's two tables.
+"""A throwaway PostgreSQL server for the tests and CI, plus LiteLLM's two tables.
 
     with ThrowawayPostgres() as server:           # initdb + pg_ctl start in a temp dir
         settings = server.settings()              # PostgresSettings pointing at it
@@ -31,9 +31,9 @@ from types import TracebackType
 
 import asyncpg
 
-from ..settings import PostgresSettings, Settings
-from ..store.migrate import migrate
-from .litellm_schema import create_litellm_dev_schema
+from mlpa_aiohttp.settings import PostgresSettings, Settings
+from mlpa_aiohttp.store.migrate import migrate
+from mlpa_aiohttp.testing.litellm_schema import create_litellm_dev_schema
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
