@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from ..errors import ApiError, AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError, validation_error
+from ..errors import AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError, validation_error
 from ..models import ProxyHeaders, parse_json_object
 from ..observability.metrics import Metrics
 from ..settings import AuthSettings, PlaySettings
@@ -136,6 +136,3 @@ class PlayIntegrity:
         self._metrics.access_token_latency.labels("success").observe(time.monotonic() - started)
         self._metrics.access_token_verifications.inc()
         return sub
-
-
-__all__ = ["PlayIntegrity", "ApiError"]
