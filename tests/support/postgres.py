@@ -22,7 +22,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import replace
@@ -34,6 +33,8 @@ import asyncpg
 from mlpa_aiohttp.settings import PostgresSettings, Settings
 from mlpa_aiohttp.store.migrate import migrate
 from mlpa_aiohttp.testing.litellm_schema import create_litellm_dev_schema
+
+from .processes import free_port
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
@@ -93,12 +94,6 @@ def find_bin_dir() -> Path:
 def _major_version(bin_dir: str) -> int:
     version = Path(bin_dir).parent.name
     return int(version) if version.isdigit() else 0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ThrowawayPostgres:
