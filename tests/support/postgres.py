@@ -32,7 +32,7 @@ import asyncpg
 
 from mlpa_aiohttp.settings import PostgresSettings, Settings
 from mlpa_aiohttp.store.migrate import migrate
-from mlpa_aiohttp.testing.litellm_schema import create_litellm_dev_schema
+from mlpa_aiohttp.testing.litellm_schema import INSERT_END_USER, create_litellm_dev_schema
 
 from .processes import free_port
 
@@ -264,12 +264,7 @@ class LiteLLMTableCustomerCreator:
 
     async def create_customer(self, user_id: str, budget_id: str) -> None:
         self.calls.append((user_id, budget_id))
-        await self._pool.execute(
-            'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked, spend)'
-            " VALUES ($1, $2, false, 0) ON CONFLICT (user_id) DO NOTHING",
-            user_id,
-            budget_id,
-        )
+        await self._pool.execute(f"{INSERT_END_USER} ON CONFLICT (user_id) DO NOTHING", user_id, budget_id)
 
     async def __call__(self, user_id: str, budget_id: str) -> None:
         await self.create_customer(user_id, budget_id)
