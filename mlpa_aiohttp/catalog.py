@@ -1,4 +1,5 @@
-"""The product catalogue: service types, their purposes, budget tiers and model pinning.
+"""The product catalogue: service types, their purposes, budget tiers, the known models and
+model pinning.
 
 These are facts of the wire contract (spec §2.2), not tunables; budget *values* can be
 overridden from the environment in `settings.py`.
@@ -110,6 +111,25 @@ DEFAULT_BUDGETS: Mapping[ServiceType, BudgetTier] = MappingProxyType(
         ServiceType.MEMORIES_DEV: _tier(ServiceType.MEMORIES_DEV, 1.0, 50, 5000),
         ServiceType.MOCHI_DEV: _tier(ServiceType.MOCHI_DEV, 1.0, 200, 10000),
         ServiceType.SEARCH_DEV: _tier(ServiceType.SEARCH_DEV, 1.0, 200, 10000),
+    }
+)
+
+# The models the deployment serves (spec §6): a metric's `model` label keeps only these, any
+# other client-chosen name counts as "invalid". Requests naming another model are not refused
+# for it here (LiteLLM decides what it serves).
+KNOWN_MODELS: frozenset[str] = frozenset(
+    {
+        "exa",
+        "exa-search",
+        "gemini-2.5-flash-lite",
+        "gemini-3.1-flash-lite",
+        "gpt-oss-120b",
+        "openai/gpt-4o",
+        "mistral-small-2503",
+        "mistral-small-2603",
+        "moz-summarization",
+        "qwen3-235b-a22b-instruct-2507-maas",
+        "vertex_ai/mistral-small-2503",
     }
 )
 

@@ -125,8 +125,8 @@ class AppAttest:
             raise BadRequest(INVALID_KEY_ID)
         try:
             return await self._challenges.issue(key_id_b64)
-        except StoreUnavailable:
-            log.error("app_attest_challenge_store_failed")
+        except StoreUnavailable as exc:
+            log.error("app_attest_challenge_store_failed", reason=str(exc))
             raise ServerFault("Challenge could not be issued") from None
 
     async def _consume_challenge(self, key_id_b64: str, challenge_b64: str) -> None:

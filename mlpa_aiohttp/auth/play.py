@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from ..errors import ApiError, AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError
+from ..errors import AuthRejected, BadRequest, Forbidden, RequestInvalid, ServerFault, UpstreamError
 from ..models import PlayRequest, ProxyHeaders
 from ..observability.metrics import Metrics
 from ..settings import AuthSettings, PlaySettings
@@ -127,6 +127,3 @@ class PlayIntegrity:
         self._metrics.access_token_latency.labels("success").observe(time.monotonic() - started)
         self._metrics.access_token_verifications.inc()
         return sub
-
-
-__all__ = ["PlayIntegrity", "ApiError"]

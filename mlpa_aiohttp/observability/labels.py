@@ -4,23 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ..catalog import ALL_PURPOSES, ServiceType
+from ..catalog import ALL_PURPOSES, KNOWN_MODELS, ServiceType
 
-MODEL_ALLOWLIST = frozenset(
-    {
-        "exa",
-        "exa-search",
-        "gemini-2.5-flash-lite",
-        "gemini-3.1-flash-lite",
-        "gpt-oss-120b",
-        "openai/gpt-4o",
-        "mistral-small-2503",
-        "mistral-small-2603",
-        "moz-summarization",
-        "qwen3-235b-a22b-instruct-2507-maas",
-        "vertex_ai/mistral-small-2503",
-    }
-)
 _SERVICE_TYPES = frozenset(st.value for st in ServiceType)
 _METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})
 _FIREFOX_VERSION = re.compile(r".*?Firefox/(\d+)\.\d+")
@@ -42,7 +27,7 @@ COUNTRY_CODES = frozenset(
 
 
 def clamp_model(model: str | None) -> str:
-    return model if model in MODEL_ALLOWLIST else "invalid"
+    return model if model in KNOWN_MODELS else "invalid"
 
 
 def clamp_service_type(value: str | None) -> str:

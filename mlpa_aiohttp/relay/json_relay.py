@@ -20,7 +20,6 @@ from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient
 from ..upstream.routing import RoutingInfo
 from .outcome import CompletionOutcome, Usage
-from .sse import StreamAccountant
 
 log = structlog.get_logger(__name__)
 
@@ -85,12 +84,26 @@ def _usage_of(payload: Any) -> Usage:
     if not all(isinstance(count, int) for count in counts):
         log.warning("usage_field_missing")
     prompt, completion = (count if isinstance(count, int) else 0 for count in counts)
-    accountant = StreamAccountant()
     choices = payload.get("choices")
     message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
-        accountant.add_tool_calls(message["tool_calls"])
-    return Usage(prompt, completion, accountant.tool_names_in_order())
+    return Usage(prompt, completion, _tool_names(message))
+
+
+def _tool_names(message: Any) -> tuple[str, ...]:
+    """The function names of a whole message's tool calls, in order ("" when unnamed).
+
+    Unlike a stream, a whole message lists each call once and complete: nothing to merge."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list):
+        return ()
+    names = []
+    for call in calls:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        names.append(name if isinstance(name, str) else "")
+    return tuple(names)
 
 
 async def relay_search(

@@ -56,10 +56,6 @@ class StreamAccountant:
     def has_partial_event(self) -> bool:
         return bool(self._pending)
 
-    @property
-    def tool_call_count(self) -> int:
-        return len(self.tool_names)
-
     def tool_names_in_order(self) -> tuple[str, ...]:
         return tuple(self.tool_names[index] for index in sorted(self.tool_names))
 

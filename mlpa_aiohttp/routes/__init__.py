@@ -1,10 +1,12 @@
-"""Every URL of the service, in one place."""
+"""The service's route groups, in one list: the probes, /metrics, the proxy and /v1/usage are
+added here; the verify, admin, mock and docs groups add their own URLs in their modules'
+`setup_*` functions, called from here."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from . import health, proxy, usage
+from . import health, metrics, proxy, usage
 from .admin import setup_admin_routes
 from .docs import setup_docs_routes
 from .mock import setup_mock_routes
@@ -15,7 +17,7 @@ def setup_routes(app: web.Application) -> None:
     router = app.router
     router.add_get("/health/liveness", health.liveness)
     router.add_get("/health/readiness", health.readiness)
-    router.add_get("/metrics", health.metrics)
+    router.add_get("/metrics", metrics.scrape)
     router.add_post("/v1/chat/completions", proxy.chat_completions)
     router.add_post("/v1/search", proxy.search)
     # Beyond the reference: the caller's own budget and limits.

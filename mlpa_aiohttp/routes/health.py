@@ -1,4 +1,4 @@
-"""Health probes (spec §1.2) and the Prometheus exposition."""
+"""Health probes (spec §1.2)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import __version__, keys
-from ..observability.metrics import exposition
-from ..store.base import MEMORY_STORE_STATE, StoreUnavailable
+from ..store.base import MEMORY_STORE_STATE
 
 log = structlog.get_logger(__name__)
+
 
 async def liveness(request: web.Request) -> web.Response:
     """No I/O: 200 while the event loop runs."""
@@ -80,25 +79,3 @@ async def _litellm_version(app: web.Application, timeout: float) -> str:
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         version = None
     return version or "N/A"
-
-
-async def _refresh_signup_capacity(app: web.Application) -> None:
-    """The capacity gauges from the store (one primary-key row), bounded like readiness;
-    on failure the gauges keep their last values and the scrape still answers."""
-    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
-    metrics.signup_cap_enforced.set(1 if settings.signup_cap.enforce else 0)
-    try:
-        state = await asyncio.wait_for(app[keys.STORE].capacity_state(), settings.postgres.readiness_check_timeout_s)
-    except (StoreUnavailable, asyncio.TimeoutError) as exc:
-        log.warning("metrics_signup_capacity_unavailable", error_type=type(exc).__name__)
-        return
-    if state is not None:
-        metrics.signup_capacity_max.set(state.max_identities)
-        metrics.signup_capacity_current.set(state.current_identities)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    settings = request.app[keys.SETTINGS]
-    await _refresh_signup_capacity(request.app)
-    payload = exposition(request.app[keys.METRICS], settings.observability.prometheus_multiproc_dir)
-    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -24,8 +24,6 @@ from ..settings import ServerSettings
 from ..validation import Problem
 from .proxy import authorize_chat
 
-log = structlog.get_logger(__name__)
-
 MOCK_COMPLETION: Mapping[str, Any] = {
     "choices": [{"message": {"content": "mock completion response"}}],
     "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},

@@ -19,6 +19,7 @@ from typing import Callable, Protocol
 
 import asyncpg
 
+from .base import StoreUnavailable
 from .pools import db_errors
 
 Clock = Callable[[], datetime]
@@ -69,6 +70,12 @@ class PublicKeyStore(Protocol):
 # -- Postgres ----------------------------------------------------------------------
 
 
+# Each extra attempt means the key id's challenge was consumed between our two statements;
+# one more round normally inserts afresh. Losing this many rounds in a row is an attestation
+# storm on one key id: give up rather than loop.
+CHALLENGE_ISSUE_ATTEMPTS = 3
+
+
 class PostgresChallengeStore:
     def __init__(self, pool: asyncpg.Pool, expiry_seconds: int, clock: Clock = utc_now) -> None:
         self._pool = pool
@@ -76,7 +83,7 @@ class PostgresChallengeStore:
         self._clock = clock
 
     async def issue(self, key_id_b64: str) -> str:
-        while True:
+        for _ in range(CHALLENGE_ISSUE_ATTEMPTS):
             now = self._clock()
             with db_errors("issue challenge"):
                 # Replaces the stored challenge only when it is stale, so concurrent
@@ -101,6 +108,9 @@ class PostgresChallengeStore:
             if current is not None:
                 return str(current)
             # Consumed between the two statements: issue a new one.
+        raise StoreUnavailable(
+            f"issue challenge: consumed before it could be read, {CHALLENGE_ISSUE_ATTEMPTS} times in a row"
+        )
 
     async def consume(self, key_id_b64: str, challenge: str) -> bool:
         with db_errors("consume challenge"):

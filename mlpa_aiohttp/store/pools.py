@@ -17,15 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterator, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Iterator, TypeVar
 
 import asyncpg
 
 from ..settings import PostgresSettings
 from .base import StoreUnavailable
-
-if TYPE_CHECKING:
-    pass
 
 # How long one connection attempt may take (asyncpg's default is 60 s, far too long
 # for a pod that should fail its start and be restarted).

@@ -20,7 +20,8 @@ LITELLM_DEV_SCHEMA = (importlib.resources.files(__package__) / "litellm_dev_sche
 # Tables only LiteLLM's own migration creates: their presence means a real LiteLLM database.
 REAL_LITELLM_MARKERS = ("_prisma_migrations", "LiteLLM_VerificationToken")
 
-_INSERT_END_USER = (
+# An end user as LiteLLM's `/customer/new` writes it (the tests' customer creator reuses it).
+INSERT_END_USER = (
     'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked, spend) VALUES ($1, $2, false, 0)'
 )
 
@@ -85,7 +86,7 @@ class EndUserTable:
         return cls(pool)
 
     async def insert(self, user_id: str, budget_id: str | None) -> None:
-        await self._pool.execute(_INSERT_END_USER, user_id, budget_id)
+        await self._pool.execute(INSERT_END_USER, user_id, budget_id)
 
     async def close(self) -> None:
         await self._pool.close()

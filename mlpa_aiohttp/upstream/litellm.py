@@ -1,7 +1,8 @@
 """LiteLLM over one shared aiohttp ClientSession: completions, search, admin calls.
 
 The session is created by `open_session()` (used as the app's cleanup context) and is the
-only outbound HTTP pool of the service. No `aiohttp.web` here.
+service's one outbound aiohttp pool: FxA and Play Integrity calls use it too. No
+`aiohttp.web` here.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ async def _flag_reused_connection(
 
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     """The shared session: high connector limit (the default 100 silently queues the
-    101st stream) and no total timeout (it would cut long streams); `sock_read` bounds
-    silence of non-streaming calls (streams are watched by the stream tracker)."""
+    101st stream), and no cookie jar: it serves every user, so a cookie an upstream sets
+    during one user's request must never ride along on another's.
+
+    Every call passes its own `ClientTimeout` (LiteLLMClient's per-kind timeouts, FxA's,
+    Google's), which replaces this default whole; the default (connect and read bounded, no
+    total, which would cut long streams) only bounds a call added without one."""
     connector = DirectConnector(
         limit=settings.max_connections,
         limit_per_host=0,
@@ -53,6 +58,7 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
         ),
         trace_configs=[trace],
         read_bufsize=UPSTREAM_READ_BUFFER_BYTES,
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

@@ -19,8 +19,7 @@ import pytest
 from mlpa_aiohttp import __version__
 from mlpa_aiohttp.routes.health import MEMORY_STORE_STATE
 from mlpa_aiohttp.settings import variable_names
-
-from .test_gunicorn import free_port
+from tests.support.processes import free_port, running_demo
 
 pytestmark = pytest.mark.e2e
 
@@ -124,15 +123,8 @@ async def test_serve_listens_where_it_is_told() -> None:
 
 
 async def test_demo_prints_its_urls_and_keys_and_reports_what_it_has() -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlpa_aiohttp", "demo", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**{k: v for k, v in os.environ.items() if k != "MLPA_UI_ACCESS_KEY"}, "LOG_LEVEL": "WARNING"},
-    )
-    try:
+    env = {**{k: v for k, v in os.environ.items() if k != "MLPA_UI_ACCESS_KEY"}, "LOG_LEVEL": "WARNING"}
+    with running_demo(env) as (process, port):
         banner = []
         while not banner or "Ctrl-C" not in banner[-1]:
             line = process.stdout.readline()
@@ -163,12 +155,6 @@ async def test_demo_prints_its_urls_and_keys_and_reports_what_it_has() -> None:
                 assert response.status == 401
         assert readiness["status"] == "connected"
         assert readiness["pg_server_dbs"] == {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE}
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            assert process.wait(timeout=10) == 0
-        finally:
-            process.kill()
 
 
 @pytest.mark.parametrize("command", ["serve", "migrate"])

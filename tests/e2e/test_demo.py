@@ -5,33 +5,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
+from collections.abc import Mapping
 
 import aiohttp
 import pytest
 
+from tests.support.processes import running_demo
+
 pytestmark = pytest.mark.e2e
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_demo_streams_a_completion() -> None:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlpa_aiohttp", "demo", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "LOG_LEVEL": "WARNING"},
-    )
-    try:
+    await assert_demo_streams_a_completion({**os.environ, "LOG_LEVEL": "WARNING"})
+
+
+async def assert_demo_streams_a_completion(env: Mapping[str, str], cwd: str | None = None) -> None:
+    """Start `python -m mlpa_aiohttp demo` with `env` (from `cwd`), run the curl it prints, stop it."""
+    with running_demo(env, cwd) as (process, port):
         ready = process.stdout.readline()
         assert f"http://127.0.0.1:{port}" in ready, ready
         curl = process.stdout.readline()
@@ -53,9 +43,3 @@ async def test_demo_streams_a_completion() -> None:
             if json.loads(e).get("choices")
         )
         assert content
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            assert process.wait(timeout=10) == 0
-        finally:
-            process.kill()

@@ -23,7 +23,8 @@ import requests
 
 from mlpa_aiohttp.settings import variable_names
 from mlpa_aiohttp.testing.fake_litellm import completion_text
-from mlpa_aiohttp.testing.postgres import ThrowawayPostgres, free_port
+from tests.support.postgres import ThrowawayPostgres
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -23,8 +23,8 @@ from aiohttp import web
 from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.auth.access_token import issue_access_token
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_google import FakeGoogle
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from tests.support.fake_google import FakeGoogle
 
 from ..conftest import DEV_TOKEN, TEST_SECRETS, make_settings
 

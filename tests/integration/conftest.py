@@ -23,7 +23,7 @@ from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
-from mlpa_aiohttp.testing.postgres import (
+from tests.support.postgres import (
     LiteLLMTableCustomerCreator,
     PostgresBinariesMissing,
     ThrowawayPostgres,

@@ -20,7 +20,7 @@ from mlpa_aiohttp.settings import AuthSettings, PostgresSettings, Settings, Sign
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools
-from mlpa_aiohttp.testing.postgres import ThrowawayPostgres
+from tests.support.postgres import ThrowawayPostgres
 
 from .conftest import insert_user
 

@@ -17,9 +17,9 @@ from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import InvalidIdentifier
 from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_google import FakeGoogle, make_verdict
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator
+from tests.support.fake_google import FakeGoogle, make_verdict
+from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
 from .conftest import StoreUnderTest

@@ -19,7 +19,7 @@ from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
 from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
-from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
 pytestmark = pytest.mark.postgres
 

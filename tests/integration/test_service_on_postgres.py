@@ -3,6 +3,7 @@ end users into the same database, FxA fake; outages answered with the reference 
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
@@ -10,12 +11,13 @@ import pytest
 
 from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.settings import PostgresSettings
+from mlpa_aiohttp.store.app_attest import CHALLENGE_ISSUE_ATTEMPTS
 from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
 
-from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
+from ..conftest import TEST_SECRETS, Service, chat_body, events, make_settings
 
 pytestmark = pytest.mark.postgres
 
@@ -132,3 +134,39 @@ async def test_usage_reads_litellms_end_user_and_budget_tables(pg_service: Servi
     missing = await pg_service.client.get("/v1/usage", headers=pg_service.headers(authorization=f"Bearer {newcomer}"))
     assert missing.status == 404
     assert await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_EndUserTable" WHERE user_id = $1', "newcomer:ai") == 0
+
+
+# Every challenge written is gone before it can be read back, as if another attestation
+# consumed it each time: a BEFORE INSERT trigger that counts the attempt and drops the row.
+_CONSUME_EVERY_CHALLENGE = """
+CREATE SEQUENCE challenge_insert_attempts;
+CREATE FUNCTION drop_every_challenge() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN PERFORM nextval('challenge_insert_attempts'); RETURN NULL; END $$;
+CREATE TRIGGER drop_every_challenge BEFORE INSERT ON challenges
+  FOR EACH ROW EXECUTE FUNCTION drop_every_challenge();
+"""
+_RESTORE_CHALLENGES = """
+DROP TRIGGER IF EXISTS drop_every_challenge ON challenges;
+DROP FUNCTION IF EXISTS drop_every_challenge();
+DROP SEQUENCE IF EXISTS challenge_insert_attempts;
+"""
+
+
+async def test_a_challenge_consumed_every_time_ends_in_a_logged_500_not_a_loop(
+    pg_service: Service, pools: Pools, caplog: pytest.LogCaptureFixture
+) -> None:
+    await pools.app.execute(_CONSUME_EVERY_CHALLENGE)
+    try:
+        async with asyncio.timeout(30):
+            response = await pg_service.client.get("/verify/challenge", params={"key_id_b64": "a2V5LWlk"})
+        assert response.status == 500
+        assert await response.json() == {"detail": "Challenge could not be issued"}
+        attempts = await pools.app.fetchval("SELECT last_value FROM challenge_insert_attempts")
+        assert attempts == CHALLENGE_ISSUE_ATTEMPTS
+    finally:
+        await pools.app.execute(_RESTORE_CHALLENGES)
+    [failure] = events(caplog, "app_attest_challenge_store_failed")
+    assert failure["level"] == "ERROR" and "times in a row" in failure["reason"]
+    # Without the trigger the same key id gets its challenge.
+    again = await pg_service.client.get("/verify/challenge", params={"key_id_b64": "a2V5LWlk"})
+    assert again.status == 200

@@ -14,7 +14,7 @@ from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
-from mlpa_aiohttp.testing.postgres import LiteLLMTableCustomerCreator
+from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from .conftest import insert_user
 

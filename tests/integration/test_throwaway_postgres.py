@@ -10,7 +10,7 @@ import shutil
 import asyncpg
 import pytest
 
-from mlpa_aiohttp.testing.postgres import ThrowawayPostgres, prepare_databases, wheel_bin_dir
+from tests.support.postgres import ThrowawayPostgres, prepare_databases, wheel_bin_dir
 
 pytestmark = pytest.mark.postgres
 

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from mlpa_aiohttp.testing.fake_sentry import FakeSentry
+from tests.support.fake_sentry import FakeSentry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAT_PATH = "/v1/chat/completions"

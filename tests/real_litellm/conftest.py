@@ -34,7 +34,7 @@ import yaml
 from aiohttp import web
 
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_provider import Behaviour, FakeProvider
+from tests.support.fake_provider import Behaviour, FakeProvider
 
 from ..conftest import TEST_SECRETS
 

@@ -9,7 +9,7 @@ import json
 import aiohttp
 import pytest
 
-from mlpa_aiohttp.testing.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour, FakeProvider
+from tests.support.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour, FakeProvider
 
 
 @pytest.fixture

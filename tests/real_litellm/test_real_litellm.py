@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlpa_aiohttp.testing.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour
+from tests.support.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour
 
 from .conftest import MASTER_KEY, NOT_INSTALLED, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, litellm_executable, service_env, start_service, stop
 

@@ -33,7 +33,7 @@ from mlpa_aiohttp.auth.envelope import (
     decode_envelope,
     is_plausible_key_id,
 )
-from mlpa_aiohttp.testing.app_attest_device import (
+from tests.support.app_attest_device import (
     APPLE_2026_EXTENSIONS,
     TestAttestationCA,
     TestDevice,

@@ -32,7 +32,7 @@ from mlpa_aiohttp.auth.app_attest_crypto import (
     verify_assertion,
     verify_attestation,
 )
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA, TestDevice, encode_nonce_extension
+from tests.support.app_attest_device import TestAttestationCA, TestDevice, encode_nonce_extension
 
 from .app_attest_vectors import load_vectors, vectors_dir
 

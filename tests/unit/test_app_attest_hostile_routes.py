@@ -14,7 +14,7 @@ import cbor2
 import jwt
 import pytest
 
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA, TestDevice, compact_json
+from tests.support.app_attest_device import TestAttestationCA, TestDevice, compact_json
 
 from ..conftest import Service, chat_body, events
 from .app_attest_vectors import load_vectors, vectors_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA, compact_json
+from tests.support.app_attest_device import TestAttestationCA, compact_json
 
 from ..conftest import Service, chat_body, events
 from .test_device_auth_routes import BUNDLE, TEAM, attested_device, ca, challenge_for, google  # noqa: F401

@@ -23,7 +23,7 @@ from mlpa_aiohttp.auth.app_attest_crypto import (
     verify_assertion,
     verify_attestation,
 )
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA
+from tests.support.app_attest_device import TestAttestationCA
 
 from .app_attest_vectors import VECTORS_ENV, RealAssertion, RealAttestation, load_vectors, vectors_dir
 

@@ -18,8 +18,8 @@ import pytest
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.auth.access_token import issue_access_token
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA
-from mlpa_aiohttp.testing.fake_google import FakeGoogle, make_verdict
+from tests.support.app_attest_device import TestAttestationCA
+from tests.support.fake_google import FakeGoogle, make_verdict
 
 from ..conftest import TEST_SECRETS, Service, chat_body, events
 

@@ -27,7 +27,6 @@ from mlpa_aiohttp.auth.play_integrity import (
     check_verdict,
     is_plausible_integrity_token,
 )
-from mlpa_aiohttp.testing.fake_google import FakeGoogle, make_verdict
 from mlpa_aiohttp.upstream.google import (
     PLAY_INTEGRITY_SCOPE,
     GoogleAccessTokenProvider,
@@ -36,6 +35,7 @@ from mlpa_aiohttp.upstream.google import (
     PlayIntegrityUnavailable,
     decode_integrity_token,
 )
+from tests.support.fake_google import FakeGoogle, make_verdict
 
 USER_ID = "test-user-id"
 ALLOWED = frozenset({"org.mozilla.fenix", "org.mozilla.fenix.debug", "org.mozilla.firefox", "org.mozilla.firefox_beta"})

@@ -24,7 +24,7 @@ from mlpa_aiohttp.observability.sentry import (
     withheld_event,
 )
 from mlpa_aiohttp.settings import Settings
-from mlpa_aiohttp.testing.fake_sentry import EnvelopeError, FakeSentry, parse_envelope
+from tests.support.fake_sentry import EnvelopeError, FakeSentry, parse_envelope
 
 MASTER_KEY = "sk-master-7f3a9c1e5b"
 UI_ACCESS_KEY = "sk-ui-2b8d4f6a0c"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from mlpa_aiohttp.settings import variable_names
-from mlpa_aiohttp.testing.postgres import free_port
+from tests.support.processes import free_port
 
 
 def test_stack_without_a_database_says_what_to_fix(tmp_path) -> None:

@@ -12,7 +12,7 @@ from mlpa_aiohttp import keys
 from mlpa_aiohttp.auth.access_token import issue_access_token
 from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.store.memory import MemoryUserStore
-from mlpa_aiohttp.testing.app_attest_device import TestAttestationCA
+from tests.support.app_attest_device import TestAttestationCA
 
 from ..conftest import DEV_TOKEN, Service, chat_body
 from .test_device_auth_routes import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)

@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server for tests, CI and the demo, plus LiteLLM's two tables.
+"""A throwaway PostgreSQL server for the tests and CI, plus LiteLLM's two tables.
 
     with ThrowawayPostgres() as server:           # initdb + pg_ctl start in a temp dir
         settings = server.settings()              # PostgresSettings pointing at it
@@ -22,7 +22,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import replace
@@ -31,9 +30,11 @@ from types import TracebackType
 
 import asyncpg
 
-from ..settings import PostgresSettings, Settings
-from ..store.migrate import migrate
-from .litellm_schema import create_litellm_dev_schema
+from mlpa_aiohttp.settings import PostgresSettings, Settings
+from mlpa_aiohttp.store.migrate import migrate
+from mlpa_aiohttp.testing.litellm_schema import INSERT_END_USER, create_litellm_dev_schema
+
+from .processes import free_port
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
@@ -93,12 +94,6 @@ def find_bin_dir() -> Path:
 def _major_version(bin_dir: str) -> int:
     version = Path(bin_dir).parent.name
     return int(version) if version.isdigit() else 0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ThrowawayPostgres:
@@ -269,12 +264,7 @@ class LiteLLMTableCustomerCreator:
 
     async def create_customer(self, user_id: str, budget_id: str) -> None:
         self.calls.append((user_id, budget_id))
-        await self._pool.execute(
-            'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked, spend)'
-            " VALUES ($1, $2, false, 0) ON CONFLICT (user_id) DO NOTHING",
-            user_id,
-            budget_id,
-        )
+        await self._pool.execute(f"{INSERT_END_USER} ON CONFLICT (user_id) DO NOTHING", user_id, budget_id)
 
     async def __call__(self, user_id: str, budget_id: str) -> None:
         await self.create_customer(user_id, budget_id)

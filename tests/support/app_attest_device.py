@@ -1,4 +1,4 @@
-"""A software stand-in for an iOS device doing App Attest, for tests and the demo.
+"""A software stand-in for an iOS device doing App Attest, for the tests.
 
 `TestAttestationCA` plays Apple's attestation service (root + intermediate CA, P-384 like
 Apple's); `TestDevice` plays the Secure Enclave key and the app: it produces real CBOR
