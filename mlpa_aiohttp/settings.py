@@ -424,6 +424,11 @@ class Settings:
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
 
+    def secret_values(self) -> tuple[str, ...]:
+        """The value of every field declared with `secret(...)`, for the log and Sentry
+        scrubbers: a secret added to the settings is hidden without another list."""
+        return tuple(_secret_values(self))
+
     @classmethod
     def from_environ(
         cls, environ: Mapping[str, str], *, demo: bool = False, check_secrets: bool = True
@@ -520,6 +525,15 @@ def _variables(section: type) -> Iterator[tuple[Field[Any], Variable]]:
             yield from _variables(hints[spec.name])
         elif _VARIABLE in spec.metadata:
             yield spec, spec.metadata[_VARIABLE]
+
+
+def _secret_values(section: Any) -> Iterator[str]:
+    for spec in fields(section):
+        value = getattr(section, spec.name)
+        if is_dataclass(value):
+            yield from _secret_values(value)
+        elif _VARIABLE in spec.metadata and not spec.repr:  # `secret(...)` fields only
+            yield value
 
 
 # Secrets whose documented defaults must never reach production (decision 13).

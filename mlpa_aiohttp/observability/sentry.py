@@ -70,16 +70,8 @@ _log = logging.getLogger(__name__)
 
 
 def secret_values(settings: Settings) -> tuple[str, ...]:
-    """The configured secrets that must never appear in an event."""
-    return (
-        settings.upstream.master_key,
-        settings.upstream.virtual_key,
-        settings.auth.ui_access_key,
-        settings.auth.access_token_secret,
-        settings.auth.experimentation_token,
-        settings.postgres.password,
-        settings.fxa.client_secret,
-    )
+    """The configured secrets that must never appear in an event (every `secret(...)` field)."""
+    return settings.secret_values()
 
 
 def init_sentry(
