@@ -290,6 +290,8 @@ class StreamLimitSettings:
     # waits for its first upstream byte (0 = off), for these service types or on request.
     keepalive_seconds: float = 0.0
     keepalive_service_types: frozenset[str] = frozenset()
+    # Relay from the upstream connection's callbacks (relay/fast_path.py); off: the regular relay.
+    relay_fast_path: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +367,7 @@ class Settings:
                 max_concurrent_streams_per_user=env.int("MAX_CONCURRENT_STREAMS_PER_USER", 0, minimum=0),
                 keepalive_seconds=env.float("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0),
                 keepalive_service_types=env.str_set("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset()),
+                relay_fast_path=env.bool("RELAY_FAST_PATH", False),
             ),
         )
         if check_secrets and not (debug or demo):
