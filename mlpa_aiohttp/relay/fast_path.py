@@ -212,14 +212,21 @@ class FastRelay:
             self._fail(ConnectionResetError("Cannot write to closing transport"), client=True)
             return
         framed = b"%x\r\n%b\r\n" % (len(data), data)
-        transport.write(framed)
+        try:
+            transport.write(framed)
+        except (ConnectionError, RuntimeError) as exc:
+            # Raised into the parser it would pass for an upstream fault: it is the client's.
+            self._fail(exc, client=True)
+            return
         self._written += len(framed)
         handle = self._handle
         if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
             self._on_first_byte()
         handle.relayed += len(data)
         self._feed(data)
-        if self._client_protocol.writing_paused and not self._paused:
+        # Not after the upstream ended: there is nothing left to hold back (and no parser
+        # payload to pause); the final write_eof drains what is buffered.
+        if self._client_protocol.writing_paused and not self._paused and not self._ended:
             self._paused = True
             self._upstream_protocol.pause_reading()
             self._wakeup()
