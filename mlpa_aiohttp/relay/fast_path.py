@@ -29,8 +29,9 @@ Invariants
    write, if the client's protocol reports `writing_paused`, the sink pauses upstream
    reading and wakes the handler, which awaits the client writer's `drain()` and resumes.
    A pause that happens inside that resume (the parser's tail refilled the client buffer)
-   is seen by the same loop. Between pause and resume at most the rest of one upstream read
-   goes to the client transport: the parser stops at the next body piece.
+   is seen by the same loop. Nothing more reaches the client transport after a pause: the
+   parser stops after the piece that crossed the mark and keeps the rest of that upstream
+   read as its tail until the resume.
 3. Upstream reading is never left paused when the connection can return to the pool: the
    parser is paused before a body piece completes the message, so `feed_eof` (which
    releases the connection) cannot run while the relay holds a pause, except on a
