@@ -400,6 +400,8 @@ class StreamLimitSettings:
     # waits for its first upstream byte (0 = off), for these service types or on request.
     keepalive_seconds: float = variable("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0)
     keepalive_service_types: frozenset[str] = variable("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset())
+    # Relay from the upstream connection's callbacks (relay/fast_path.py); off: the regular relay.
+    relay_fast_path: bool = variable("RELAY_FAST_PATH", False)
 
 
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.

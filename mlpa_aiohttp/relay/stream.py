@@ -14,6 +14,9 @@ closing while `connection_lost` (which would cancel this handler) has not run ye
 then raises aiohttp's `ClientConnectionResetError`, which is also an `aiohttp.ClientError`,
 the upstream session's error type. `_pump` turns every failed client write into `ClientGone`
 on the spot, so it can never be taken for an upstream fault.
+
+With `fast_path` (RELAY_FAST_PATH), `_pump` hands the stream to relay/fast_path.py, which
+relays from the upstream connection's callbacks; where that does not apply, this loop runs.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
 from .disconnect import disconnect_reason
+from .fast_path import ClientWriteFailed, FastRelay
 from .keepalive import FirstByteKeepAlive
 from .outcome import CompletionOutcome
 from .sse import StreamAccountant
@@ -68,7 +72,7 @@ class StreamRelay:
     # One of these lives as long as its stream, thousands at a time.
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
-        "_response", "_upstream", "_task", "_handle", "_accountant", "_keepalive",
+        "_response", "_upstream", "_task", "_handle", "_accountant", "_keepalive", "_fast_path",
     )
 
     def __init__(
@@ -83,6 +87,7 @@ class StreamRelay:
         debug: bool,
         started: float,
         keepalive: FirstByteKeepAlive | None = None,
+        fast_path: bool = False,
     ) -> None:
         self._request = request
         self._client = client
@@ -99,6 +104,7 @@ class StreamRelay:
         self._accountant = StreamAccountant()
         # Set only for a stream that opted into keep-alive comments (relay/keepalive.py).
         self._keepalive = keepalive
+        self._fast_path = fast_path
 
     def _end(self) -> None:
         """Shutdown or silence: closing the upstream wakes the read loop with a
@@ -171,6 +177,16 @@ class StreamRelay:
         await self._response.write_eof()
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
+        if self._fast_path:
+            fast = FastRelay.take_over(
+                upstream, self._request, self._response, self._handle, self._accountant, self._observe_ttft
+            )
+            if fast is not None:
+                try:
+                    await fast.run()
+                except ClientWriteFailed as exc:  # towards the client: see the module docstring
+                    raise ClientGone from exc
+                return
         write, feed, handle = self._response.write, self._accountant.feed, self._handle
         async for chunk in upstream.content.iter_any():
             try:
@@ -178,7 +194,7 @@ class StreamRelay:
             except ConnectionError as exc:  # towards the client: see the module docstring
                 raise ClientGone from exc
             if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
-                self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
+                self._observe_ttft()
             handle.relayed += len(chunk)
             feed(chunk)
 

@@ -15,6 +15,7 @@ from typing import Callable
 
 import pytest
 
+from .conftest import RELAY_PATHS, relay_env
 from .harness import (
     Fakes,
     HangUp,
@@ -57,12 +58,18 @@ HangUpFor = Callable[[int, UpstreamWatch], "HangUp | None"]
 
 
 async def _burst(
-    tmp_path: Path, *, clients: int, hang_up_for: HangUpFor, litellm: dict, spread_seconds: float = 1.0
+    tmp_path: Path,
+    *,
+    clients: int,
+    hang_up_for: HangUpFor,
+    litellm: dict,
+    spread_seconds: float = 1.0,
+    relay: str = "regular",
 ) -> tuple[list, Verdict, dict, Fakes]:
     """`clients` streams started over `spread_seconds`, each hanging up as `hang_up_for` says,
     plus the fault control; returns the clients' results, the service's log and metrics."""
     fakes = await start_fakes(**litellm)
-    service = await start_service(fakes, tmp_path)
+    service = await start_service(fakes, tmp_path, **relay_env(relay))
     phases = {}
     try:
         started = time.monotonic()
@@ -150,7 +157,8 @@ def _assert_upstreams_closed(results, verdict: Verdict, fakes: Fakes) -> None:
     assert still_open == [], f"{len(still_open)} aborted streams left their upstream open"
 
 
-async def test_hang_ups_mid_stream_are_aborts(tmp_path):
+@pytest.mark.parametrize("relay", RELAY_PATHS)
+async def test_hang_ups_mid_stream_are_aborts(tmp_path, relay: str):
     """1,000 streams of 10 s; each client hangs up 0.05-1.5 s after its first byte (half
     with a FIN, half with an RST)."""
     rng = jitter(7)
@@ -159,6 +167,7 @@ async def test_hang_ups_mid_stream_are_aborts(tmp_path):
         clients=1000,
         hang_up_for=lambda i, _: HangUp(after_seconds=rng.uniform(0.05, 1.5), reset=i % 2 == 1),
         litellm={"ttft": 0.05, "chunks": 200, "interval": 0.05},
+        relay=relay,
     )
     _assert_hang_ups_are_aborts(results, verdict, figures, fakes)
     _assert_upstreams_closed(results, verdict, fakes)
@@ -179,7 +188,8 @@ async def test_hang_ups_during_ttft_are_aborts(tmp_path):
     _assert_upstreams_closed(results, verdict, fakes)
 
 
-async def test_hang_ups_during_a_large_burst_are_aborts(tmp_path):
+@pytest.mark.parametrize("relay", RELAY_PATHS)
+async def test_hang_ups_during_a_large_burst_are_aborts(tmp_path, relay: str):
     """300 clients on slow links (8 KiB receive buffers) hang up after 64 KiB while the
     upstream sends 1.3 MB in one go. The relay is often waiting for the client's transport
     to drain when the hang-up comes (an abort); when it has already handed the last byte to
@@ -189,6 +199,7 @@ async def test_hang_ups_during_a_large_burst_are_aborts(tmp_path):
         clients=300,
         hang_up_for=lambda i, _: HangUp(after_bytes=64 * 1024, reset=i % 2 == 1, receive_buffer=8192),
         litellm={"ttft": 0.05, "chunks": 8000, "interval": 0.0},
+        relay=relay,
     )
     _assert_hang_ups_are_aborts(results, verdict, figures, fakes, allow_success=True)
 

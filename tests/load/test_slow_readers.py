@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from .conftest import RELAY_PATHS, relay_env
 from .harness import chat_request, open_client_connection, start_fakes, start_service, stream_client
 
 pytestmark = pytest.mark.load
@@ -55,10 +56,11 @@ def socket_memory(service_port: int, upstream_port: str) -> str:
     )
 
 
-async def test_stalled_clients_do_not_grow_memory(tmp_path):
+@pytest.mark.parametrize("relay", RELAY_PATHS)
+async def test_stalled_clients_do_not_grow_memory(tmp_path, relay: str):
     event_size = 160  # each fake content event is ~160 bytes
     fakes = await start_fakes(ttft=0.05, chunks=UPSTREAM_BYTES // event_size, interval=0.0)
-    service = await start_service(fakes, tmp_path)
+    service = await start_service(fakes, tmp_path, **relay_env(relay))
     writers = []
     try:
         # Warm-up: the service's own first-request allocations do not count.

@@ -14,7 +14,18 @@ import pytest
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.testing.fake_litellm import Scenario
 
-from ..conftest import Service, chat_body, events, open_streams
+from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
+
+
+@pytest.fixture(params=["regular", "fast"])
+def make_service(request: pytest.FixtureRequest, make_service: ServiceFactory) -> ServiceFactory:
+    """Every test here runs on both relays: the regular one and RELAY_FAST_PATH's."""
+    fast_path = "true" if request.param == "fast" else "false"
+
+    async def build(**env: str) -> Service:
+        return await make_service(**{"RELAY_FAST_PATH": fast_path, **env})
+
+    return build
 
 
 def sample(service: Service, name: str, labels: dict[str, str]) -> float:
