@@ -302,11 +302,17 @@ async def test_counts_by_service_type(client: TestClient, service: AdminService)
     )
 
 
-async def test_signup_cap_status(client: TestClient, service: AdminService) -> None:
-    # Startup seeded the row from the settings (500), with no managed identity yet.
+async def signup_cap_status(client: TestClient) -> dict:
+    """The status body without its timestamp, after checking the timestamp is a date."""
     body = await (await client.get("/user/signup-cap-status", headers=UI)).json()
     updated_at = body.pop("capacity_updated_at")
     assert isinstance(updated_at, str) and updated_at[:2] == "20"
+    return body
+
+
+async def test_signup_cap_status(client: TestClient, service: AdminService) -> None:
+    # Startup seeded the row from the settings (500), with no managed identity yet.
+    body = await signup_cap_status(client)
     assert body == {
         "enforce_signin_cap": True,
         "capped_service_types": ["ai", "memories"],
@@ -318,9 +324,7 @@ async def test_signup_cap_status(client: TestClient, service: AdminService) -> N
     await service.add_user("a:ai")
     await service.store.ensure_capacity_state(2, CAPPED)
     await service.store.admit("b")
-    body = await (await client.get("/user/signup-cap-status", headers=UI)).json()
-    updated_at = body.pop("capacity_updated_at")
-    assert isinstance(updated_at, str) and updated_at[:2] == "20"
+    body = await signup_cap_status(client)
     assert body == {
         "enforce_signin_cap": True,
         "capped_service_types": ["ai", "memories"],
