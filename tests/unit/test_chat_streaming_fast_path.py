@@ -24,6 +24,7 @@ from mlpa_aiohttp.relay.fast_path import FastRelay
 from mlpa_aiohttp.relay.stream import SHUTDOWN_FRAME
 
 from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
+from .test_chat_streaming import _wait_for
 
 PATHS = ["regular", "fast"]
 GENERIC_502 = b'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
@@ -300,11 +301,3 @@ async def test_upstream_connection_is_pooled_after_a_clean_stream(make_service, 
     assert_path_taken(path, takeovers, streams=3)
     assert len(upstream.peer_ports) == 3
     assert len(set(upstream.peer_ports)) == 1, upstream.peer_ports
-
-
-async def _wait_for(condition, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
