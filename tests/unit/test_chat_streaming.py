@@ -338,6 +338,46 @@ async def test_stream_still_waiting_for_upstream_headers_at_the_deadline_gets_th
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **LABELS}) == 0
 
 
+@pytest.mark.parametrize("open_at_shutdown", [True, False])
+async def test_stream_started_after_the_drain_ends_at_once_with_the_shutdown_frame(make_service, open_at_shutdown: bool) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
+    if open_at_shutdown:
+        service.litellm.next_scenarios.append("hang_after_headers")
+        first = await service.chat(chat_body(stream=True))
+        await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await service.app.shutdown()
+    if open_at_shutdown:
+        assert await first.text() == SHUTDOWN_TEXT
+    asked = len(service.litellm.requests_to("/v1/chat/completions"))
+    service.litellm.next_scenarios.append("hang_before_headers")  # were LiteLLM asked, it would hang
+    late = await service.chat(chat_body(stream=True))
+    assert late.status == 200
+    assert await asyncio.wait_for(late.text(), 1.0) == SHUTDOWN_TEXT
+    assert len(service.litellm.requests_to("/v1/chat/completions")) == asked, "LiteLLM is not asked"
+    assert open_streams(service) == 0
+    ended = 2 if open_at_shutdown else 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **LABELS}) == ended
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **LABELS}) == 0
+    service.litellm.next_scenarios.clear()
+
+
+async def test_stream_started_during_the_drain_is_drained_like_the_others(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="1.5")
+    service.litellm.next_scenarios.append("hang_after_headers")
+    hanging = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    shutdown = asyncio.create_task(service.app.shutdown())
+    await _wait_for(lambda: service.app[keys.STREAMS].shutting_down)
+    service.litellm.interval = 0.05
+    during = await service.chat(chat_body(stream=True))
+    assert (await during.read()).endswith(b"data: [DONE]\n\n")
+    assert not shutdown.done(), "the hanging stream is still being drained"
+    await shutdown
+    assert await hanging.text() == SHUTDOWN_TEXT
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **LABELS}) == 1
+
+
 @pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
 async def test_silent_upstream_ends_the_stream_with_an_error_frame(make_service, scenario: str, caplog) -> None:
     service = await make_service(STREAMING_TIMEOUT_SECONDS="0.3")
