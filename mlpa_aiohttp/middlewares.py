@@ -27,6 +27,7 @@ from aiohttp import web
 from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability.labels import clamp_method, clamp_purpose, clamp_service_type, major_firefox_version
+from .relay.disconnect import client_hung_up
 
 log = structlog.get_logger("mlpa_aiohttp.request")
 
@@ -106,12 +107,11 @@ def _completed_event() -> str:
 
 
 def _cancelled(request: web.Request) -> tuple[int, str]:
-    """Who cancelled the handler, as (status, event). aiohttp's connection-lost callback
-    drops the transport before it cancels the handler, so with the connection still open
-    this side did, and in this service only shutdown does: the drain deadline ending a
-    stream that has no upstream response yet, or the runner cancelling what is left when
-    its shutdown timeout ends."""
-    if request.transport is None:
+    """Who cancelled the handler, as (status, event): the client's hang-up, or this side,
+    and in this service only shutdown does: the drain deadline ending a stream that has no
+    upstream response yet, or the runner cancelling what is left when its shutdown timeout
+    ends (`client_hung_up` tells them apart)."""
+    if client_hung_up(request):
         return CLIENT_CLOSED_REQUEST, CLIENT_DISCONNECTED
     return SHUTTING_DOWN, ENDED_BY_SHUTDOWN
 

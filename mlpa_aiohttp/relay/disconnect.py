@@ -12,6 +12,7 @@ errno tells the kinds apart:
 
 from __future__ import annotations
 
+import asyncio
 import errno
 
 from aiohttp import web
@@ -39,6 +40,20 @@ def disconnect_reason(request: web.BaseRequest, error: BaseException | None = No
             candidate = candidate.__cause__ or candidate.__context__
             seen += 1
     return CLIENT_CLOSED
+
+
+def client_hung_up(request: web.BaseRequest) -> bool:
+    """Whether the client's hang-up is what cancelled `request`'s handler.
+
+    aiohttp's connection-lost callback drops the transport, and hands the loss to the request
+    body's reader, before it cancels the handler. Every other cancellation is this server's,
+    and only shutdown cancels: the drain deadline (the connection still open), or the runner
+    at the end of its shutdown timeout, which hands the body's reader a CancelledError, then
+    cancels the handler and closes the connection before the handler sees the cancellation.
+    """
+    if request.transport is not None:
+        return False
+    return not isinstance(_loss_cause(request), asyncio.CancelledError)
 
 
 def _loss_cause(request: web.BaseRequest) -> BaseException | None:

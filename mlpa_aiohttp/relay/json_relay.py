@@ -19,6 +19,7 @@ from ..upstream.bodies import UpstreamBody, encode_json
 from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient
 from ..upstream.routing import RoutingInfo
+from .disconnect import client_hung_up
 from .outcome import CompletionOutcome, Usage
 
 log = structlog.get_logger(__name__)
@@ -48,7 +49,7 @@ def _unclassified(status: int, text: str, *, debug: bool, what: str) -> Upstream
 
 
 async def relay_completion(
-    *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
+    request: web.Request, *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
 ) -> web.Response:
     try:
         async with client.completion(body, stream=False) as upstream:
@@ -60,7 +61,10 @@ async def relay_completion(
         outcome.failed()
         raise _proxy_failed(exc, debug=debug, what="completion") from None
     except asyncio.CancelledError:
-        outcome.aborted()
+        if client_hung_up(request):
+            outcome.aborted()
+        else:
+            outcome.failed("server_shutdown")
         raise
     if not 200 <= status < 300:
         classification = classify(status, text)

@@ -108,8 +108,9 @@ class StreamRelay:
 
     def _end(self) -> None:
         """Shutdown or silence: closing the upstream wakes the read loop with a
-        ClientConnectionError, so the stream can end with a final frame; before upstream
-        headers there is nothing to end gracefully, so the handler is cancelled."""
+        ClientConnectionError, so the stream can end with a final frame. Before upstream
+        headers only cancelling the handler abandons the request at once; `run` then writes
+        the shutdown frame itself."""
         if self._upstream is not None:
             self._upstream.close()
         elif self._task is not None:
@@ -124,10 +125,14 @@ class StreamRelay:
                 self._keepalive.start(self._response, self._request)
             await self._relay()
         except asyncio.CancelledError:
-            if self._handle.stopping:
-                self._outcome.failed("server_shutdown")
-            else:
+            if not self._handle.stopping:
                 self._client_gone()
+            elif not self._handle.upstream_open and self._response.prepared:
+                # `_end` cancelled the wait for LiteLLM's headers: the client, still
+                # connected, gets the same final frame as a stream past its headers.
+                await self._end_for_shutdown()
+            else:
+                self._outcome.failed("server_shutdown")
             raise
         except ClientGone as gone:
             self._client_gone(gone.__cause__)
@@ -149,6 +154,11 @@ class StreamRelay:
         )
 
     async def _relay(self) -> None:
+        if self._handle.stopping:
+            # Started after shutdown began ending streams (`StreamTracker.add`): LiteLLM
+            # is not asked at all, the stream ends at once.
+            await self._end_for_shutdown()
+            return
         try:
             async with self._client.completion(self._body, stream=True) as upstream:
                 self._upstream = upstream
@@ -231,10 +241,7 @@ class StreamRelay:
 
     async def _relay_failure(self, exc: BaseException) -> None:
         if self._handle.stopping:
-            self._outcome.failed("server_shutdown")
-            # An upstream read may have ended mid-event: terminate it before our frame.
-            prefix = b"\n\n" if self._accountant.has_partial_event else b""
-            await self._write(prefix + SHUTDOWN_FRAME)
+            await self._end_for_shutdown()
             return
         if self._handle.timed_out:
             log.error("upstream_stream_failed", error_type="UpstreamSilent", relayed_bytes=self._handle.relayed)
@@ -250,6 +257,12 @@ class StreamRelay:
         prefix = b"\n\n" if self._accountant.has_partial_event else b""
         detail = f"{type(exc).__name__}: {exc}" if self._debug else GENERIC_UPSTREAM_MESSAGE
         await self._write(prefix + sse_frame({"code": 502, "error": detail}))
+
+    async def _end_for_shutdown(self) -> None:
+        self._outcome.failed("server_shutdown")
+        # An upstream read may have ended mid-event: terminate it before our frame.
+        prefix = b"\n\n" if self._accountant.has_partial_event else b""
+        await self._write(prefix + SHUTDOWN_FRAME)
 
     async def _write(self, data: bytes) -> None:
         """Write a final frame; a client that is already gone is not an error."""

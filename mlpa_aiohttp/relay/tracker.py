@@ -63,6 +63,8 @@ class StreamTracker:
         self._idle = asyncio.Event()
         self._idle.set()
         self.shutting_down = False
+        # Set once shutdown's drain is over: a stream that starts from then on is ended at once.
+        self._ending = False
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -73,6 +75,9 @@ class StreamTracker:
     def add(self, stream: OpenStream) -> None:
         self._streams.add(stream)
         self._idle.clear()
+        if self._ending:
+            # Nothing to end yet: the relay sees `stopping` before it asks LiteLLM.
+            stream.stopping = True
 
     def discard(self, stream: OpenStream) -> None:
         self._streams.discard(stream)
@@ -100,12 +105,19 @@ class StreamTracker:
                     stream.expire()  # the relay logs it, once, as the stream's failure
 
     async def shutdown(self, drain_seconds: float) -> None:
-        """Stop taking streams, let open ones finish within the budget, end the rest."""
+        """Stop taking streams, let open ones finish within the budget, end the rest.
+
+        A stream that starts while this drains is drained like the others; one that starts
+        after the drain (the runner still serves the connections it has) ends at once with
+        the shutdown frame, rather than running until the runner cancels it."""
         self.shutting_down = True
         if not self._streams:
+            self._ending = True
             return
         log.info("shutdown_draining_streams", open_streams=len(self._streams), budget_seconds=drain_seconds)
-        if await self.wait_idle(drain_seconds):
+        drained = await self.wait_idle(drain_seconds)
+        self._ending = True
+        if drained:
             return
         remaining = list(self._streams)
         log.warning("shutdown_ending_streams", open_streams=len(remaining))

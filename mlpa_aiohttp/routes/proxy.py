@@ -157,7 +157,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # hang-up (a CancelledError from the connection-lost callback), shutdown.
             slots.give_back(completion.user_id)
     return await relay_completion(
-        client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
+        request, client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
     )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
+import aiohttp
 import pytest
 
 from mlpa_aiohttp import keys
@@ -308,6 +311,50 @@ async def test_transport_error_is_502_and_logged_once(make_service, caplog) -> N
     assert logged["level"] == "ERROR" and logged["error_type"] == "ClientConnectorError"
     assert logged["user"] == "test-uid:ai" and logged["model"] == "gpt-oss-120b"
     assert availability(service, "failure", "upstream_error") == 1
+
+
+async def _upstream_asked(service: Service) -> None:
+    deadline = time.monotonic() + 2.0
+    while not service.litellm.requests_to("/v1/chat/completions"):
+        assert time.monotonic() < deadline, "LiteLLM was not asked in time"
+        await asyncio.sleep(0.005)
+
+
+def _request_line(caplog) -> dict:
+    [line] = [e for e in events(caplog) if e.get("path") == "/v1/chat/completions" and "status" in e]
+    return line
+
+
+async def test_json_completion_cancelled_by_the_runner_at_shutdown_is_not_a_client_disconnect(service: Service, caplog) -> None:
+    service.litellm.next_scenarios.append("hang_before_headers")
+    pending = asyncio.create_task(service.chat(chat_body()))
+    await _upstream_asked(service)
+    # What the runner does on SIGTERM: the app's shutdown, then its connections' shutdown,
+    # which waits for the handler up to the timeout and then cancels it.
+    await service.app.shutdown()
+    await service.client.server.runner.server.shutdown(0.1)
+    with pytest.raises(aiohttp.ClientError):
+        await pending
+    assert availability(service, "excluded", "server_shutdown") == 1
+    assert availability(service, "abort", "client_disconnect") == 0
+    line = _request_line(caplog)
+    assert (line["event"], line["status"], line["result"]) == ("ended_by_shutdown", 503, "error")
+    assert "client_disconnected" not in line
+
+
+async def test_json_completion_abandoned_by_the_client_is_a_client_disconnect(service: Service, caplog) -> None:
+    service.litellm.next_scenarios.append("hang_before_headers")
+    pending = asyncio.create_task(service.chat(chat_body()))
+    await _upstream_asked(service)
+    pending.cancel()
+    deadline = time.monotonic() + 2.0
+    while availability(service, "abort", "client_disconnect") == 0:
+        assert time.monotonic() < deadline, "the hang-up was not recorded in time"
+        await asyncio.sleep(0.005)
+    assert availability(service, "excluded", "server_shutdown") == 0
+    await asyncio.sleep(0.05)
+    line = _request_line(caplog)
+    assert (line["event"], line["status"], line["client_disconnected"]) == ("client_disconnected", 499, True)
 
 
 async def test_lone_surrogates_are_stripped(service: Service) -> None:

@@ -308,8 +308,8 @@ async def test_client_hang_up_before_upstream_headers_is_logged_as_499(service: 
 
 
 async def test_stream_ended_by_shutdown_is_not_logged_as_a_client_disconnect(make_service, caplog) -> None:
-    # Before LiteLLM's headers, the drain deadline can only cancel the handler (no frame to
-    # end the stream with); the client is still connected and must not be blamed.
+    # Before LiteLLM's headers, the drain deadline cancels the handler (the only way to drop
+    # the upstream request at once); the client is still connected and must not be blamed.
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
     service.litellm.next_scenarios.append("hang_before_headers")
     response = await service.chat(chat_body(stream=True))
@@ -326,6 +326,67 @@ async def test_stream_ended_by_shutdown_is_not_logged_as_a_client_disconnect(mak
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **labels}) == 0
     assert _status_codes_counted(service) == set(), "a request without a completed response is not counted"
     response.close()
+
+
+SHUTDOWN_TEXT = 'data: {"code": 503, "error": "Server shutting down"}\n\n'
+LABELS = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
+
+
+async def test_stream_still_waiting_for_upstream_headers_at_the_deadline_gets_the_shutdown_frame(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
+    service.litellm.next_scenarios.append("hang_before_headers")
+    response = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    started = time.monotonic()
+    await service.app.shutdown()
+    assert time.monotonic() - started < 1.0
+    assert response.status == 200
+    assert await response.text() == SHUTDOWN_TEXT
+    # The upstream request is abandoned at once: LiteLLM sees its connection close.
+    await asyncio.wait_for(service.litellm.requests_to("/v1/chat/completions")[-1].disconnected.wait(), 0.5)
+    assert open_streams(service) == 0
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **LABELS}) == 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **LABELS}) == 0
+
+
+@pytest.mark.parametrize("open_at_shutdown", [True, False])
+async def test_stream_started_after_the_drain_ends_at_once_with_the_shutdown_frame(make_service, open_at_shutdown: bool) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
+    if open_at_shutdown:
+        service.litellm.next_scenarios.append("hang_after_headers")
+        first = await service.chat(chat_body(stream=True))
+        await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await service.app.shutdown()
+    if open_at_shutdown:
+        assert await first.text() == SHUTDOWN_TEXT
+    asked = len(service.litellm.requests_to("/v1/chat/completions"))
+    service.litellm.next_scenarios.append("hang_before_headers")  # were LiteLLM asked, it would hang
+    late = await service.chat(chat_body(stream=True))
+    assert late.status == 200
+    assert await asyncio.wait_for(late.text(), 1.0) == SHUTDOWN_TEXT
+    assert len(service.litellm.requests_to("/v1/chat/completions")) == asked, "LiteLLM is not asked"
+    assert open_streams(service) == 0
+    ended = 2 if open_at_shutdown else 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **LABELS}) == ended
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **LABELS}) == 0
+    service.litellm.next_scenarios.clear()
+
+
+async def test_stream_started_during_the_drain_is_drained_like_the_others(make_service) -> None:
+    service = await make_service(SHUTDOWN_DRAIN_SECONDS="1.5")
+    service.litellm.next_scenarios.append("hang_after_headers")
+    hanging = await service.chat(chat_body(stream=True))
+    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    shutdown = asyncio.create_task(service.app.shutdown())
+    await _wait_for(lambda: service.app[keys.STREAMS].shutting_down)
+    service.litellm.interval = 0.05
+    during = await service.chat(chat_body(stream=True))
+    assert (await during.read()).endswith(b"data: [DONE]\n\n")
+    assert not shutdown.done(), "the hanging stream is still being drained"
+    await shutdown
+    assert await hanging.text() == SHUTDOWN_TEXT
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
+    assert sample(service, "mlpa_chat_availability_total", {"outcome": "excluded", "reason": "server_shutdown", **LABELS}) == 1
 
 
 @pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
