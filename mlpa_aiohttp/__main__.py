@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import os
 import secrets
 import signal
 import sys
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+import structlog
+
 from . import __version__, client_sockets
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError, variable_names
 from .settings_compat import warn_about_environment
 from .startup import (
+    DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
     EXIT_UNAVAILABLE,
+    listen_problem,
     report_config_error,
     report_unavailable,
 )
@@ -33,11 +36,10 @@ from .store.base import StoreUnavailable
 if TYPE_CHECKING:
     from aiohttp import web
 
+log = structlog.get_logger("mlpa_aiohttp.serve")
+
 PROG = "python -m mlpa_aiohttp"
 DEMO_PROMPT = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
-DATABASE_HINT = (
-    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME"
-)
 
 EXIT_STATUSES = f"""exit statuses:
   0   done, or stopped cleanly (SIGTERM, SIGINT)
@@ -146,6 +148,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         listener = client_sockets.listening_socket(
             args.host, port, settings.server.dead_peer_options(), backlog=settings.server.listen_backlog
         )
+        address = "{}:{}".format(*listener.getsockname()[:2])
         web.run_app(
             app_factory(),
             loop=uvloop.new_event_loop(),
@@ -156,27 +159,22 @@ def _run_serve(args: argparse.Namespace) -> int:
             access_log=None,
             # Streams are drained by our on_shutdown hook first; this bounds the rest.
             shutdown_timeout=settings.server.shutdown_drain_seconds + 5,
-            print=None,
+            # Called once the app has started and its site serves (logging is set up by then).
+            print=lambda _aiohttp_banner: log.info("serve_listening", address=address, pid=os.getpid()),
         )
     except StoreUnavailable as error:
         return report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=EXIT_UNAVAILABLE)
     except OSError as error:
         return _cannot_listen(error, args.host, port, os.environ)
+    log.info("serve_stopped", address=address)
     return 0
 
 
 def _cannot_listen(error: OSError, host: str, port: int, environ: Mapping[str, str]) -> int:
-    if error.errno == errno.EADDRINUSE:
-        problem = f"port {port} on {host} is already in use"
-        hint = f"stop the process holding it (ss -ltnp 'sport = :{port}' shows it) or choose another with --port"
-    elif error.errno == errno.EACCES:
-        problem = f"no permission to listen on {host}:{port}"
-        hint = "choose a port above 1023 with --port"
-    elif error.errno == errno.EADDRNOTAVAIL:
-        problem = f"{host} is not an address of this machine"
-        hint = "choose another with --host (127.0.0.1 or 0.0.0.0)"
-    else:
+    found = listen_problem(error, host, port, choose_port="--port", choose_host="--host")
+    if found is None:
         raise error
+    problem, hint = found
     return report_unavailable("port", problem, environ, hint=hint, exit_code=EXIT_CANNOT_LISTEN)
 
 
