@@ -11,7 +11,8 @@ import errno
 from typing import Mapping, Sequence
 
 from .observability.logging import log_startup_failure
-from .settings import SettingsError
+from .settings import SettingsError, variable_names
+from .settings_compat import unknown_variable_notes
 
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: PostgreSQL unreachable at start-up
 EXIT_CANNOT_LISTEN = 71  # sysexits EX_OSERR: the port is taken or not ours to bind
@@ -39,7 +40,12 @@ def report_config_error(
 ) -> int:
     listed = problems.problems if isinstance(problems, SettingsError) else tuple(problems)
     log_startup_failure(
-        "configuration_error", listed, exit_code=exit_code, hint=CONFIG_HINT, json=json_logs_requested(environ)
+        "configuration_error",
+        listed,
+        exit_code=exit_code,
+        hint=CONFIG_HINT,
+        json=json_logs_requested(environ),
+        unknown_variables=unknown_variable_notes(environ, variable_names()),
     )
     return exit_code
 

@@ -31,10 +31,10 @@ GUNICORN = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
-    """The test process's environment without the service's variables, then `extra`."""
-    ours = set(TEST_SECRETS) | {"PROMETHEUS_MULTIPROC_DIR", "MLPA_STORE", "LOG_JSON", "PORT", "LITELLM_API_BASE"}
+    """Only `PATH` of the test process's environment (so no name of the machine's is
+    warned about), then `extra`."""
     return {
-        **{k: v for k, v in os.environ.items() if k not in ours},
+        "PATH": os.environ["PATH"],
         "PYTHONPATH": str(REPO_ROOT),
         "LOG_JSON": "true",
         "LOG_LEVEL": "INFO",
@@ -146,3 +146,48 @@ def test_a_gunicorn_worker_whose_app_cannot_start_never_says_it_is_ready(closed_
     assert not any(event.startswith("Worker ready") for event in events), events
     (failure,) = [line for line in json_lines(done.stderr) if line["event"] == "database_unavailable"]
     assert "DB_HOST" in failure["hint"] and "migrate" in failure["hint"]
+
+
+MISSPELLED = {
+    "LOG_LEVLE": "LOG_LEVEL",
+    "DB_PROT": "DB_PORT",
+    "STREAMING_TIMEOUT_SECOND": "STREAMING_TIMEOUT_SECONDS",
+    "MASTERKEY": "MASTER_KEY",
+    "RELAY_FASTPATH": "RELAY_FAST_PATH",
+}
+
+
+@pytest.mark.parametrize("runner", ["serve", "gunicorn"])
+def test_a_misspelled_secret_is_named_in_the_configuration_error(runner: str) -> None:
+    secrets = {k: v for k, v in TEST_SECRETS.items() if k != "MLPA_VIRTUAL_KEY"}
+    env = clean_environ(**secrets, MLPA_VIRTAUL_KEY="sk-meant-as-virtual", PORT=str(free_port()), MLPA_STORE="memory")
+    argv = GUNICORN if runner == "gunicorn" else [sys.executable, "-m", "mlpa_aiohttp", "serve"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78, done.stdout + done.stderr
+    (error,) = [line for line in json_lines(done.stdout) + json_lines(done.stderr) if line["event"] == "configuration_error"]
+    assert [problem.split(":")[0] for problem in error["problems"]] == ["MLPA_VIRTUAL_KEY"]
+    assert error["unknown_variables"] == ["MLPA_VIRTAUL_KEY (did you mean MLPA_VIRTUAL_KEY?)"]
+    assert "sk-meant-as-virtual" not in done.stdout + done.stderr
+
+
+async def test_misspelled_names_in_a_valid_configuration_are_warnings_at_start(tmp_path: Path) -> None:
+    port = free_port()
+    env = clean_environ(
+        MLPA_DEBUG="true", MLPA_STORE="memory", LITELLM_API_BASE=f"http://127.0.0.1:{free_port()}",
+        **{name: "1" for name in MISSPELLED},
+    )
+    output = tmp_path / "output"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlpa_aiohttp", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )
+        try:
+            await wait_for_liveness(f"http://127.0.0.1:{port}", process, output)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+    lines = json_lines(output.read_text())
+    unknown = {line["variable"]: line.get("did_you_mean") for line in lines if line["event"] == "setting_unknown"}
+    assert unknown == MISSPELLED
+    assert all(line["level"] == "warning" for line in lines if line["event"] == "setting_unknown")
