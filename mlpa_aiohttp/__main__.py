@@ -237,7 +237,9 @@ async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 
 
 async def _demo(port: int, log_level: str) -> int:
+    from . import keys
     from .app import create_app
+    from .store.memory import MemoryUserStore
     from .testing.fake_fxa import FakeFxA
     from .testing.fake_litellm import FakeLiteLLM
 
@@ -261,8 +263,20 @@ async def _demo(port: int, log_level: str) -> int:
             "MLPA_STORE": "memory",
         }
         settings = Settings.from_environ(environ, demo=True)
-        service_runner, service_port = await _start(create_app(settings), "127.0.0.1", port)
+        # The fake keeps LiteLLM's budget rows and spend, so /user/<id> (LiteLLM's view) and
+        # /v1/usage (the store's) agree: the tiers the service writes at start, and each
+        # completion's cost added to the in-memory store's row as LiteLLM adds it to its table.
+        for tier in settings.budgets.values():
+            fake_litellm.add_budget(
+                tier.budget_id, max_budget=tier.max_budget, budget_duration=tier.budget_duration,
+                tpm_limit=tier.tpm_limit, rpm_limit=tier.rpm_limit,
+            )
+        service_app = create_app(settings)
+        service_runner, service_port = await _start(service_app, "127.0.0.1", port)
         runners.insert(0, service_runner)
+        store = service_app[keys.STORE]
+        assert isinstance(store, MemoryUserStore)  # the demo's MLPA_STORE
+        fake_litellm.spend_sink = store.add_spend
         base = f"http://127.0.0.1:{service_port}"
         print(demo_banner(base, litellm_port, fxa_port, fake_fxa.demo_token, ui_key, fake_litellm), flush=True)
         await _wait_for_signal()
