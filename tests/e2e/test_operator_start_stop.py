@@ -191,3 +191,28 @@ async def test_misspelled_names_in_a_valid_configuration_are_warnings_at_start(t
     unknown = {line["variable"]: line.get("did_you_mean") for line in lines if line["event"] == "setting_unknown"}
     assert unknown == MISSPELLED
     assert all(line["level"] == "warning" for line in lines if line["event"] == "setting_unknown")
+
+
+async def test_gunicorn_warns_once_per_worker_that_litellm_is_unreachable(closed_port: int, tmp_path: Path) -> None:
+    port = free_port()
+    litellm_url = f"http://127.0.0.1:{closed_port}"
+    env = clean_environ(**TEST_SECRETS, PORT=str(port), MLPA_STORE="memory", LITELLM_API_BASE=litellm_url, GUNICORN_WORKERS="1")
+    output = tmp_path / "output"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(GUNICORN, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            await wait_for_liveness(f"http://127.0.0.1:{port}", process, output)
+            deadline = time.monotonic() + 15
+            while "litellm_unreachable" not in output.read_text():
+                assert time.monotonic() < deadline, output.read_text()
+                await asyncio.sleep(0.05)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=20) == 0
+    lines = json_lines(output.read_text())
+    warnings = [line for line in lines if line["level"] == "warning"]
+    assert [(w["event"], w["url"], w["cause"]) for w in warnings] == [("litellm_unreachable", litellm_url, "connection refused")]
+    assert "Traceback" not in output.read_text()
+    # Ready is said once the app started; the warning may come before or after it.
+    events = [line["event"] for line in lines]
+    assert sum(event.startswith("Worker ready") for event in events) == 1
