@@ -5,7 +5,8 @@ set); every one found, every reference variable this service no longer reads, ev
 unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable and any other name close to a known one
 (`LOG_LEVLE`) gets one WARNING at start-up naming what to use instead. `settings.py`
 applies the aliases; the entry points log the warnings once logging is configured, and a
-configuration error lists the unknown names in its one message. docs/migration.md has the same table for people.
+configuration error lists the unknown names in its one message. docs/migration.md has the
+same table for people.
 """
 
 from __future__ import annotations
