@@ -22,7 +22,9 @@ Start-up errors: an invalid value of any variable (these and the app's own, secr
 included) stops the master before it binds or forks, with one message listing every
 problem (JSON with LOG_JSON=true) and exit status 78. PostgreSQL out of reach while a worker
 starts the app: one message, the worker exits 3 and gunicorn's arbiter stops with 3
-("Worker failed to boot"). Every line gunicorn writes goes through the app's formatter.
+("Worker failed to boot"); a worker says "Worker ready" only once its app has started.
+The port in use or not ours to bind: one message naming the address, exit status 71.
+Every line gunicorn writes goes through the app's formatter.
 
 Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
     terminationGracePeriodSeconds (Kubernetes) > preStop pause + graceful_timeout
@@ -34,9 +36,16 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 
 from mlpa_aiohttp.settings import Settings
-from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
+from mlpa_aiohttp.startup import (
+    EXIT_CANNOT_LISTEN,
+    EXIT_CONFIG,
+    listen_problem,
+    report_config_error,
+    report_unavailable,
+)
 
 # aiohttp's workers with clean start-up errors and a clean socket close (gunicorn_worker.py).
 WORKER_CLASSES = {
@@ -182,6 +191,7 @@ def on_starting(server) -> None:
         if server.pidfile is not None:
             server.pidfile.unlink()
         raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))
+    _refuse_a_taken_address(server)
     directory = _reading.settings.observability.prometheus_multiproc_dir
     if directory is None:
         return
@@ -192,6 +202,34 @@ def on_starting(server) -> None:
         else:
             os.unlink(entry.path)
     server.log.info("Prometheus multiprocess directory %s emptied", directory)
+
+
+def _refuse_a_taken_address(server) -> None:
+    """A port in use (or not ours to bind) stops the master at once with one message and
+    exit status 71, as `serve` does; gunicorn itself would retry five times and exit 1.
+    Each address is bound once the way gunicorn binds it (SO_REUSEADDR), then released.
+    Skipped when the listeners are inherited (systemd, a USR2 re-exec: the old master
+    holds the port) or each worker binds its own (reuse_port)."""
+    if server.LISTENERS or server.cfg.reuse_port or os.environ.get("GUNICORN_FD") or os.environ.get("LISTEN_FDS"):
+        return
+    for address in server.cfg.address:
+        if not isinstance(address, tuple):  # a Unix socket path or a file descriptor
+            continue
+        host, port = address[0], address[1]
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                found = listen_problem(error, host, port, choose_port="PORT", choose_host="gunicorn's --bind")
+                if found is None:
+                    continue  # gunicorn's own bind reports it
+                if server.pidfile is not None:
+                    server.pidfile.unlink()
+                problem, hint = found
+                raise SystemExit(
+                    report_unavailable("port", problem, os.environ, hint=hint, exit_code=EXIT_CANNOT_LISTEN)
+                ) from None
 
 
 def when_ready(server) -> None:
@@ -206,29 +244,35 @@ def when_ready(server) -> None:
 
 
 def post_worker_init(worker) -> None:
-    """Say when a worker has its signal handlers: a SIGTERM that arrives while a worker is
-    still booting is lost to gunicorn's boot window (the worker then lives until the
-    graceful timeout), so tests and operators can tell booting from ready."""
-    worker.log.info("Worker ready (pid: %s)", worker.pid)
-    _restore_backlog_once_serving(worker)
+    _once_serving(worker)
 
 
-def _restore_backlog_once_serving(worker) -> None:
-    """aiohttp's worker starts each site as `SockSite(runner, sock)`, whose default backlog
-    (128) listen()s the inherited socket again and silently replaces gunicorn's `backlog`:
-    a burst of new streams then overflows the accept queue (docs/performance.md,
-    "Admission"). The worker calls notify() right after its sites started, before it
-    handles any request; listen() once more there, with the configured backlog."""
+def _once_serving(worker) -> None:
+    """Two things to do once the worker's app has started and its sites listen, before it
+    handles a request. The aiohttp worker calls notify() (its heartbeat) first right after
+    its sites started; post_worker_init runs earlier, before the app's start-up (pools,
+    budgets), which may still fail.
+
+    * Say the worker is ready: "Worker ready" means the app started (a worker whose
+      database is down never says it) and the worker has its signal handlers (a SIGTERM
+      that arrives while a worker is still booting is lost to gunicorn's boot window), so
+      tests and operators can tell booting from ready.
+    * aiohttp's worker starts each site as `SockSite(runner, sock)`, whose default backlog
+      (128) listen()s the inherited socket again and silently replaces gunicorn's
+      `backlog`: a burst of new streams then overflows the accept queue
+      (docs/performance.md, "Admission"). listen() once more with the configured backlog.
+    """
     heartbeat = worker.notify
-    restored = False
+    serving = False
 
     def notify() -> None:
-        nonlocal restored
-        if not restored and worker.booted:
-            restored = True
+        nonlocal serving
+        if not serving and worker.booted:
+            serving = True
             for listener in worker.sockets:
                 # The service's workers hold the plain socket; gunicorn's wrapper has `.sock`.
                 getattr(listener, "sock", listener).listen(worker.cfg.backlog)
+            worker.log.info("Worker ready (pid: %s)", worker.pid)
         heartbeat()
 
     worker.notify = notify

@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import os
 import secrets
 import signal
 import sys
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+import structlog
+
 from . import __version__, client_sockets
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError, variable_names
 from .settings_compat import warn_about_environment
 from .startup import (
+    DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
     EXIT_UNAVAILABLE,
+    listen_problem,
     report_config_error,
     report_unavailable,
 )
@@ -33,11 +36,10 @@ from .store.base import StoreUnavailable
 if TYPE_CHECKING:
     from aiohttp import web
 
+log = structlog.get_logger("mlpa_aiohttp.serve")
+
 PROG = "python -m mlpa_aiohttp"
 DEMO_PROMPT = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
-DATABASE_HINT = (
-    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME"
-)
 
 EXIT_STATUSES = f"""exit statuses:
   0   done, or stopped cleanly (SIGTERM, SIGINT)
@@ -146,6 +148,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         listener = client_sockets.listening_socket(
             args.host, port, settings.server.dead_peer_options(), backlog=settings.server.listen_backlog
         )
+        address = "{}:{}".format(*listener.getsockname()[:2])
         web.run_app(
             app_factory(),
             loop=uvloop.new_event_loop(),
@@ -156,27 +159,22 @@ def _run_serve(args: argparse.Namespace) -> int:
             access_log=None,
             # Streams are drained by our on_shutdown hook first; this bounds the rest.
             shutdown_timeout=settings.server.shutdown_drain_seconds + 5,
-            print=None,
+            # Called once the app has started and its site serves (logging is set up by then).
+            print=lambda _aiohttp_banner: log.info("serve_listening", address=address, pid=os.getpid()),
         )
     except StoreUnavailable as error:
         return report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=EXIT_UNAVAILABLE)
     except OSError as error:
         return _cannot_listen(error, args.host, port, os.environ)
+    log.info("serve_stopped", address=address)
     return 0
 
 
 def _cannot_listen(error: OSError, host: str, port: int, environ: Mapping[str, str]) -> int:
-    if error.errno == errno.EADDRINUSE:
-        problem = f"port {port} on {host} is already in use"
-        hint = f"stop the process holding it (ss -ltnp 'sport = :{port}' shows it) or choose another with --port"
-    elif error.errno == errno.EACCES:
-        problem = f"no permission to listen on {host}:{port}"
-        hint = "choose a port above 1023 with --port"
-    elif error.errno == errno.EADDRNOTAVAIL:
-        problem = f"{host} is not an address of this machine"
-        hint = "choose another with --host (127.0.0.1 or 0.0.0.0)"
-    else:
+    found = listen_problem(error, host, port, choose_port="--port", choose_host="--host")
+    if found is None:
         raise error
+    problem, hint = found
     return report_unavailable("port", problem, environ, hint=hint, exit_code=EXIT_CANNOT_LISTEN)
 
 
@@ -239,7 +237,9 @@ async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRun
 
 
 async def _demo(port: int, log_level: str) -> int:
+    from . import keys
     from .app import create_app
+    from .store.memory import MemoryUserStore
     from .testing.fake_fxa import FakeFxA
     from .testing.fake_litellm import FakeLiteLLM
 
@@ -263,8 +263,20 @@ async def _demo(port: int, log_level: str) -> int:
             "MLPA_STORE": "memory",
         }
         settings = Settings.from_environ(environ, demo=True)
-        service_runner, service_port = await _start(create_app(settings), "127.0.0.1", port)
+        # The fake keeps LiteLLM's budget rows and spend, so /user/<id> (LiteLLM's view) and
+        # /v1/usage (the store's) agree: the tiers the service writes at start, and each
+        # completion's cost added to the in-memory store's row as LiteLLM adds it to its table.
+        for tier in settings.budgets.values():
+            fake_litellm.add_budget(
+                tier.budget_id, max_budget=tier.max_budget, budget_duration=tier.budget_duration,
+                tpm_limit=tier.tpm_limit, rpm_limit=tier.rpm_limit,
+            )
+        service_app = create_app(settings)
+        service_runner, service_port = await _start(service_app, "127.0.0.1", port)
         runners.insert(0, service_runner)
+        store = service_app[keys.STORE]
+        assert isinstance(store, MemoryUserStore)  # the demo's MLPA_STORE
+        fake_litellm.spend_sink = store.add_spend
         base = f"http://127.0.0.1:{service_port}"
         print(demo_banner(base, litellm_port, fxa_port, fake_fxa.demo_token, ui_key, fake_litellm), flush=True)
         await _wait_for_signal()

@@ -67,6 +67,7 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
+from .upstream.reachability import litellm_reachability_context
 
 
 MAX_HEADER_FIELD_BYTES = 32 * 1024
@@ -209,4 +210,7 @@ async def app_factory() -> web.Application:
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     warn_about_environment(os.environ, variable_names())
     init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
-    return create_app(settings)
+    app = create_app(settings)
+    # One WARNING if LiteLLM is not there at start-up; start-up does not wait for it.
+    app.cleanup_ctx.append(litellm_reachability_context)
+    return app

@@ -19,13 +19,8 @@ from typing import Any
 from aiohttp.worker import GunicornUVLoopWebWorker, GunicornWebWorker
 
 from .settings import SettingsError
-from .startup import GUNICORN_WORKER_BOOT_ERROR, report_config_error, report_unavailable
+from .startup import DATABASE_HINT, GUNICORN_WORKER_BOOT_ERROR, report_config_error, report_unavailable
 from .store.base import StoreUnavailable
-
-DATABASE_HINT = (
-    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME; "
-    "`python -m mlpa_aiohttp migrate` creates the app database"
-)
 
 
 class _ServiceWorker:

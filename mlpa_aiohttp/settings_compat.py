@@ -1,15 +1,18 @@
 """The reference system's variable names, so its configuration keeps working at switch-over.
 
 Renamed variables are read as aliases of their new names (the new name wins when both are
-set); every one found, every reference variable this service no longer reads, and every
-unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable gets one WARNING at start-up naming what
-to use instead. `settings.py` applies the aliases; the entry points log the warnings once
-logging is configured. docs/migration.md has the same table for people.
+set); every one found, every reference variable this service no longer reads, every
+unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable and any other name close to a known one
+(`LOG_LEVLE`) gets one WARNING at start-up naming what to use instead. `settings.py`
+applies the aliases; the entry points log the warnings once logging is configured, and a
+configuration error lists the unknown names in its one message. docs/migration.md has the
+same table for people.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
@@ -67,7 +70,22 @@ NOT_READ: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# Read by other code than the settings: gunicorn's config file, Google's and Sentry's libraries.
+READ_ELSEWHERE = frozenset(
+    {"GUNICORN_WORKERS", "WEB_CONCURRENCY", "GUNICORN_WORKER_CLASS", "GOOGLE_APPLICATION_CREDENTIALS", "SENTRY_ENVIRONMENT"}
+)
+
+# Every unknown name with one of our prefixes is reported (with the closest known name when
+# there is one); any other name only when it is this close to a known one (difflib's ratio:
+# LOG_LEVLE 0.89, DB_PROT 0.86 are; libpq's PGPORT 0.80, HOST 0.73, PATH 0.50 are not).
 CHECKED_PREFIXES = ("MLPA_", "UPSTREAM_", "PG_")
+PREFIXED_CUTOFF = 0.6
+UNPREFIXED_CUTOFF = 0.85
+# The platform's and the interpreter's own, never taken for misspellings of ours.
+FOREIGN_PREFIXES = ("KUBERNETES_", "PYTHON", "LC_", "XDG_", "PIP_", "SSH_")
+# Kubernetes' service links (a Service named `mlpa` gives MLPA_SERVICE_HOST, MLPA_PORT=tcp://...).
+_SERVICE_LINK = re.compile(r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)$")
+_SERVICE_LINK_PORT_VALUE = re.compile(r"^(tcp|udp|sctp)://", re.IGNORECASE)
 
 
 def with_reference_aliases(values: Mapping[str, str]) -> dict[str, str]:
@@ -88,8 +106,9 @@ class Notice:
 
 def environment_notices(environ: Mapping[str, str], known: Iterable[str]) -> list[Notice]:
     """One notice per renamed, no-longer-read or unknown variable in `environ`."""
-    names = {name.upper() for name in environ}
-    known_names = sorted(set(known))
+    values = {name.upper(): value for name, value in environ.items()}
+    names = set(values)
+    known_names = sorted(set(known) | READ_ELSEWHERE)
     notices: list[Notice] = []
     for name in sorted(names):
         if name in RENAMED:
@@ -107,13 +126,45 @@ def environment_notices(environ: Mapping[str, str], known: Iterable[str]) -> lis
             notices.append(Notice("setting_renamed", fields))
         elif name in NOT_READ:
             notices.append(Notice("setting_not_read", {"variable": name, "reason": NOT_READ[name]}))
-        elif name.startswith(CHECKED_PREFIXES) and name not in known_names:
-            fields = {"variable": name}
-            closest = difflib.get_close_matches(name, known_names, n=1, cutoff=0.6)
-            if closest:
-                fields["did_you_mean"] = closest[0]
-            notices.append(Notice("setting_unknown", fields))
+        elif name not in known_names and not _foreign(name, values[name]):
+            notice = _unknown(name, known_names)
+            if notice is not None:
+                notices.append(notice)
     return notices
+
+
+def _foreign(name: str, value: str) -> bool:
+    """Names the platform sets, which look like ours only by accident (the value is looked
+    at only for the service-link `<NAME>_PORT=tcp://...` shape, and never logged)."""
+    if _SERVICE_LINK.match(name):
+        return True
+    if name.endswith("_PORT") and _SERVICE_LINK_PORT_VALUE.match(value.strip()):
+        return True
+    return name.startswith(FOREIGN_PREFIXES)
+
+
+def _unknown(name: str, known_names: list[str]) -> Notice | None:
+    prefixed = name.startswith(CHECKED_PREFIXES)
+    cutoff = PREFIXED_CUTOFF if prefixed else UNPREFIXED_CUTOFF
+    closest = difflib.get_close_matches(name, known_names, n=1, cutoff=cutoff)
+    if not (prefixed or closest):
+        return None
+    fields = {"variable": name}
+    if closest:
+        fields["did_you_mean"] = closest[0]
+    return Notice("setting_unknown", fields)
+
+
+def unknown_variable_notes(environ: Mapping[str, str], known: Iterable[str]) -> list[str]:
+    """The unknown variables of `environ` as lines for a start-up error message: a
+    misspelled name is often why a variable reads as "not set"."""
+    notes = []
+    for notice in environment_notices(environ, known):
+        if notice.event != "setting_unknown":
+            continue
+        name, closest = notice.fields["variable"], notice.fields.get("did_you_mean")
+        notes.append(f"{name} (did you mean {closest}?)" if closest else name)
+    return notes
 
 
 def warn_about_environment(environ: Mapping[str, str], known: Iterable[str]) -> list[Notice]:

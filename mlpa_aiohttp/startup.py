@@ -7,10 +7,12 @@ when `LOG_JSON` asks for it. The statuses are documented in README ("Start-up er
 
 from __future__ import annotations
 
+import errno
 from typing import Mapping, Sequence
 
 from .observability.logging import log_startup_failure
-from .settings import SettingsError
+from .settings import SettingsError, variable_names
+from .settings_compat import unknown_variable_notes
 
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: PostgreSQL unreachable at start-up
 EXIT_CANNOT_LISTEN = 71  # sysexits EX_OSERR: the port is taken or not ours to bind
@@ -19,6 +21,11 @@ EXIT_CONFIG = 78  # sysexits EX_CONFIG: a variable is missing or invalid
 GUNICORN_WORKER_BOOT_ERROR = 3
 
 CONFIG_HINT = 'every variable is listed in README "Configuration" and config/example.env'
+# PostgreSQL out of reach, or the app database missing, when the app starts (serve, gunicorn).
+DATABASE_HINT = (
+    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME; "
+    "`python -m mlpa_aiohttp migrate` creates the app database and its tables"
+)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -33,7 +40,12 @@ def report_config_error(
 ) -> int:
     listed = problems.problems if isinstance(problems, SettingsError) else tuple(problems)
     log_startup_failure(
-        "configuration_error", listed, exit_code=exit_code, hint=CONFIG_HINT, json=json_logs_requested(environ)
+        "configuration_error",
+        listed,
+        exit_code=exit_code,
+        hint=CONFIG_HINT,
+        json=json_logs_requested(environ),
+        unknown_variables=unknown_variable_notes(environ, variable_names()),
     )
     return exit_code
 
@@ -45,3 +57,20 @@ def report_unavailable(
         f"{what}_unavailable", [str(error)], exit_code=exit_code, hint=hint, json=json_logs_requested(environ)
     )
     return exit_code
+
+
+def listen_problem(
+    error: OSError, host: str, port: int, *, choose_port: str, choose_host: str
+) -> tuple[str, str] | None:
+    """What a failed bind means and what to do, or None for an error that is not about the
+    address; `choose_port` / `choose_host` name how to pick another (`--port`, `PORT`...)."""
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is already in use",
+            f"stop the process holding it (ss -ltnp 'sport = :{port}' shows it) or choose another with {choose_port}",
+        )
+    if error.errno == errno.EACCES:
+        return f"no permission to listen on {host}:{port}", f"choose a port above 1023 with {choose_port}"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return f"{host} is not an address of this machine", f"choose another with {choose_host} (127.0.0.1 or 0.0.0.0)"
+    return None

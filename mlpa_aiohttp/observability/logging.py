@@ -154,28 +154,44 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
 
 
 def log_startup_failure(
-    event: str, problems: Sequence[str], *, exit_code: int, hint: str, json: bool, stream: TextIO | None = None
+    event: str,
+    problems: Sequence[str],
+    *,
+    exit_code: int,
+    hint: str,
+    json: bool,
+    unknown_variables: Sequence[str] = (),
+    stream: TextIO | None = None,
 ) -> None:
     """One message for a process that cannot start: every problem, the exit status and
-    what to do, without a traceback. Written directly (it may run before
-    `configure_logging`, or in gunicorn's master) in the shape of every other line."""
+    what to do, and the environment's names the service does not read (a misspelling is
+    often why a variable reads as "not set"), without a traceback. Written directly (it
+    may run before `configure_logging`, or in gunicorn's master) in the shape of every
+    other line."""
     out = stream if stream is not None else sys.stderr
     if json:
-        record = {
-            "event": event,
-            "problems": list(problems),
-            "exit_code": exit_code,
-            "hint": hint,
-            "level": "critical",
-            "logger": "mlpa_aiohttp.startup",
-            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
-        }
+        record: dict[str, Any] = {"event": event, "problems": list(problems)}
+        if unknown_variables:
+            record["unknown_variables"] = list(unknown_variables)
+        record.update(
+            {
+                "exit_code": exit_code,
+                "hint": hint,
+                "level": "critical",
+                "logger": "mlpa_aiohttp.startup",
+                "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
+            }
+        )
         text = jsonlib.dumps(record)
-    elif len(problems) == 1:
+    elif len(problems) == 1 and not unknown_variables:
         text = f"{'CRITICAL':<8} {event}: {problems[0]} (exit status {exit_code}; {hint})"
     else:
-        lines = [f"{'CRITICAL':<8} {event}: {len(problems)} problems, exit status {exit_code}"]
+        counted = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
+        lines = [f"{'CRITICAL':<8} {event}: {counted}, exit status {exit_code}"]
         lines += [f"  - {problem}" for problem in problems]
+        if unknown_variables:
+            lines.append("  set, but not variables this service reads:")
+            lines += [f"  - {note}" for note in unknown_variables]
         lines.append(f"  {hint}")
         text = "\n".join(lines)
     print(text, file=out, flush=True)

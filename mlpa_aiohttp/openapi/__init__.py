@@ -558,7 +558,9 @@ def _paths(*, mock_routes: bool) -> Schema:
                 "summary": "Signup-capacity state",
                 "security": [{"UIAccessKey": []}],
                 "responses": {
-                    "200": _json({"type": "object"}, "Capacity state (`capacity_row_missing: true` when unseeded)"),
+                    "200": _json({"type": "object"}, "Capacity state (`capacity_row_missing: true` when unseeded; `managed_identities_counted`: "
+                        "`at_each_admission` while the cap is enforced, else `at_start_up`, when the count was "
+                        "last reconciled)"),
                     "500": _json(_ref("DetailErrorMessage"), "`Error reading signup cap state`"),
                     **_admin_key_responses(),
                 },

@@ -119,6 +119,10 @@ async def counts_by_service_type(request: web.Request) -> web.Response:
     return web.json_response({"service_type_counts": counts, "total_users": sum(counts.values())})
 
 
+COUNTED_AT_ADMISSION = "at_each_admission"
+COUNTED_AT_START_UP = "at_start_up"
+
+
 async def signup_cap_status(request: web.Request) -> web.Response:
     cap = request.config_dict[keys.SETTINGS].signup_cap
     try:
@@ -128,6 +132,10 @@ async def signup_cap_status(request: web.Request) -> web.Response:
     body: dict[str, Any] = {
         "enforce_signin_cap": cap.enforce,
         "capped_service_types": sorted(st.value for st in cap.capped_service_types),
+        # When current_managed_identities is current (beyond the reference): each admission
+        # counts a new identity only while the cap is enforced; otherwise the count is the
+        # one each process start reconciles from LiteLLM's table (at capacity_updated_at).
+        "managed_identities_counted": COUNTED_AT_ADMISSION if cap.enforce else COUNTED_AT_START_UP,
     }
     if state is None:
         body |= {

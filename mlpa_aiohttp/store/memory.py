@@ -84,6 +84,13 @@ class MemoryUserStore:
             rpm_limit=tier.rpm_limit if tier else None,
         )
 
+    async def add_spend(self, user_id: str, cost: float) -> None:
+        """LiteLLM's spend update after a completion: the demo's fake LiteLLM calls it, as
+        real LiteLLM updates the end-user table the Postgres store reads."""
+        row = self._users.get(user_id)
+        if row is not None:
+            row["spend"] = float(row.get("spend") or 0.0) + cost
+
     def set_spend(self, user_id: str, spend: float) -> None:
         """What LiteLLM's spend tracking would write (tests, demo)."""
         self._users[user_id]["spend"] = spend

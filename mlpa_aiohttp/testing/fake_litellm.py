@@ -43,6 +43,8 @@ __all__ = [
     "SCENARIO_HEADER",
     "CannedError",
     "CustomerSink",
+    "SpendSink",
+    "BudgetSource",
     "FakeLiteLLM",
     "RecordedRequest",
     "Scenario",
@@ -367,6 +369,17 @@ ALL_SCENARIOS: tuple[Scenario, ...] = tuple(Scenario)
 ERROR_SCENARIOS: tuple[Scenario, ...] = tuple(ERROR_RESPONSES)
 
 CustomerSink = Callable[[str, str | None], Awaitable[None]]
+# Called with (end user id, cost in USD) after each charged completion, like LiteLLM's
+# spend update of its end-user row (the stack passes one that writes PostgreSQL).
+SpendSink = Callable[[str, float], Awaitable[None]]
+
+# Reads one row of LiteLLM's budget table (the stack's reads PostgreSQL); None: no such row.
+BudgetSource = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+
+# USD per prompt token and per completion token of the fake's model: with the default 7
+# prompt and 5 completion tokens a completion costs 0.00012, the figure of the default
+# `x-litellm-response-cost` header.
+DEFAULT_PRICES = (6e-06, 1.56e-05)
 
 # Content of the streamed completion: chunk i carries _WORDS[i % len(_WORDS)].
 _WORDS: tuple[str, ...] = ("Hello", " from", " the", " fake", " LiteLLM", ",", " chunk", " stream.")
@@ -581,6 +594,8 @@ class FakeLiteLLM:
         scenario: Scenario | str = Scenario.OK,
         response_headers: Mapping[str, str] | None = None,
         customer_sink: CustomerSink | None = None,
+        spend_sink: SpendSink | None = None,
+        budget_source: BudgetSource | None = None,
         keep_requests: int | None = None,
     ) -> None:
         self.virtual_key = virtual_key
@@ -611,6 +626,15 @@ class FakeLiteLLM:
             }
         )
         self.customer_sink = customer_sink
+        self.spend_sink = spend_sink
+        # LiteLLM's spend tracking: each successful completion of an end user (the body's
+        # `user`) adds its cost to that user's `spend`: `usage_cost` when set, else its
+        # usage at these prices (None: an unpriced model, nothing is added).
+        self.prices: tuple[float, float] | None = DEFAULT_PRICES
+        # LiteLLM_BudgetTable: the rows `/customer/info` joins as `litellm_budget_table`
+        # (from `budget_source` when one is given).
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.budget_source = budget_source
         self.readiness_status = "healthy"
         self.readiness_db = "connected"
         self.readiness_body: dict[str, Any] | None = (
@@ -685,6 +709,50 @@ class FakeLiteLLM:
             headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
         headers.update(LITELLM_SECURITY_HEADERS)
         return headers
+
+    def add_budget(
+        self,
+        budget_id: str,
+        *,
+        max_budget: float | None = None,
+        budget_duration: str | None = None,
+        tpm_limit: int | None = None,
+        rpm_limit: int | None = None,
+    ) -> None:
+        """A row of LiteLLM's budget table (the service writes its tiers there at start)."""
+        self.budgets[budget_id] = {
+            "budget_id": budget_id,
+            "max_budget": max_budget,
+            "soft_budget": None,
+            "max_parallel_requests": None,
+            "tpm_limit": tpm_limit,
+            "rpm_limit": rpm_limit,
+            "model_max_budget": None,
+            "budget_duration": budget_duration,
+            "budget_reset_at": None,
+        }
+
+    def completion_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What LiteLLM charges for one completion: its reported cost, else usage x price."""
+        if self.usage_cost is not None:
+            return self.usage_cost
+        if self.prices is None:
+            return 0.0
+        prompt_price, completion_price = self.prices
+        return prompt_tokens * prompt_price + completion_tokens * completion_price
+
+    async def _charge(self, body: Mapping[str, Any], completion_tokens: int) -> None:
+        user = body.get("user")
+        if not isinstance(user, str) or not user:
+            return
+        cost = self.completion_cost(self.prompt_tokens, completion_tokens)
+        if cost <= 0:
+            return
+        customer = self.customers.get(user)
+        if customer is not None:
+            customer["spend"] = float(customer["spend"]) + cost
+        if self.spend_sink is not None:
+            await self.spend_sink(user, cost)
 
     def reset(self) -> None:
         """Forget traffic, customers and queued scenarios; keep configuration."""
@@ -945,6 +1013,8 @@ class FakeLiteLLM:
                 tail = tail[-1:]
             await response.write(b"".join(tail))
         await response.write_eof()
+        # Charged once the stream completed (a stream the client left is not charged).
+        await self._charge(record.json, completion_tokens)
         return response
 
     async def _write_paced(self, response: web.StreamResponse, events: Sequence[bytes]) -> None:
@@ -1029,10 +1099,13 @@ class FakeLiteLLM:
         # The provider's own body was a little shorter (no provider_specific_fields).
         headers["llm_provider-content-length"] = str(len(body) - 19)
         if scenario in (Scenario.MID_STREAM_ERROR, Scenario.SPLIT_EVENT):
-            return await self._write_json_in_halves(
+            response = await self._write_json_in_halves(
                 request, record, body, headers, abort=scenario is Scenario.MID_STREAM_ERROR
             )
-        return web.Response(body=body, content_type="application/json", headers=headers)
+        else:
+            response = web.Response(body=body, content_type="application/json", headers=headers)
+        await self._charge(record.json, completion_tokens)
+        return response
 
     async def _write_json_in_halves(
         self,
@@ -1185,7 +1258,12 @@ class FakeLiteLLM:
         customer = self.customers.get(end_user_id)
         if customer is None:
             return web.json_response({"detail": "User not found"})  # LiteLLM answers 200 here
-        return web.json_response(customer)
+        # LiteLLM reads the row with its budget (`include={"litellm_budget_table": True}`).
+        budget_id = customer["budget_id"]
+        budget: Mapping[str, Any] | None = None
+        if budget_id is not None:
+            budget = self.budgets.get(budget_id) if self.budget_source is None else await self.budget_source(budget_id)
+        return web.json_response({**customer, "litellm_budget_table": budget})
 
     async def _handle_readiness(self, request: web.Request) -> web.Response:
         record = await self._record(request)

@@ -9,6 +9,8 @@ mlpa_aiohttp stack` - nothing would, so this module creates the columns mlpa-aio
 from __future__ import annotations
 
 import importlib.resources
+import json
+from typing import Any
 
 import asyncpg
 
@@ -87,6 +89,27 @@ class EndUserTable:
 
     async def insert(self, user_id: str, budget_id: str | None) -> None:
         await self._pool.execute(INSERT_END_USER, user_id, budget_id)
+
+    async def add_spend(self, user_id: str, cost: float) -> None:
+        """LiteLLM's spend update after a completion (the fake LiteLLM's `spend_sink`)."""
+        await self._pool.execute('UPDATE "LiteLLM_EndUserTable" SET spend = spend + $2 WHERE user_id = $1', user_id, cost)
+
+    async def budget_row(self, budget_id: str) -> dict[str, Any] | None:
+        """One budget row as `/customer/info` shows it (the fake LiteLLM's `budget_source`)."""
+        row = await self._pool.fetchrow(
+            "SELECT budget_id, max_budget, soft_budget, max_parallel_requests, tpm_limit, rpm_limit,"
+            " model_max_budget, budget_duration, budget_reset_at"
+            ' FROM "LiteLLM_BudgetTable" WHERE budget_id = $1',
+            budget_id,
+        )
+        if row is None:
+            return None
+        found = dict(row)
+        reset_at = found["budget_reset_at"]
+        found["budget_reset_at"] = reset_at.isoformat() if reset_at is not None else None
+        if isinstance(found["model_max_budget"], str):
+            found["model_max_budget"] = json.loads(found["model_max_budget"])
+        return found
 
     async def close(self) -> None:
         await self._pool.close()

@@ -111,6 +111,8 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
         interval=0.05,
         chunks=20,
         customer_sink=end_users.insert,
+        spend_sink=end_users.add_spend,
+        budget_source=end_users.budget_row,
         keep_requests=1000,
     )
     fake_fxa = FakeFxA(register_demo_token=False)

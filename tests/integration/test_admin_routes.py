@@ -316,6 +316,7 @@ async def test_signup_cap_status(client: TestClient, service: AdminService) -> N
     assert body == {
         "enforce_signin_cap": True,
         "capped_service_types": ["ai", "memories"],
+        "managed_identities_counted": "at_each_admission",
         "max_signed_in_users": 500,
         "current_managed_identities": 0,
         "slots_remaining": 500,
@@ -328,6 +329,7 @@ async def test_signup_cap_status(client: TestClient, service: AdminService) -> N
     assert body == {
         "enforce_signin_cap": True,
         "capped_service_types": ["ai", "memories"],
+        "managed_identities_counted": "at_each_admission",
         "max_signed_in_users": 2,
         "current_managed_identities": 2,
         "slots_remaining": 0,
@@ -347,6 +349,7 @@ async def test_signup_cap_status_without_the_capacity_row(
         {
             "enforce_signin_cap": True,
             "capped_service_types": ["ai", "memories"],
+            "managed_identities_counted": "at_each_admission",
             "max_signed_in_users": 500,
             "current_managed_identities": None,
             "slots_remaining": None,

@@ -271,6 +271,11 @@ def test_graceful_timeout_leaves_room_for_the_drain(monkeypatch: pytest.MonkeyPa
 
 class FakeArbiter:
     pidfile = None
+    LISTENERS: list[Any] = []
+
+    class cfg:  # noqa: N801 - gunicorn's settings object: nothing to bind
+        reuse_port = False
+        address: list[Any] = []
 
     class log:  # noqa: N801 - stands in for gunicorn's logger object
         @staticmethod

@@ -106,6 +106,11 @@ def test_the_prometheus_directory_is_the_settings_one(monkeypatch: pytest.Monkey
 
     class Arbiter:
         pidfile = None
+        LISTENERS: list[Any] = []
+
+        class cfg:  # noqa: N801 - gunicorn's settings object: nothing to bind
+            reuse_port = False
+            address: list[Any] = []
 
         class log:  # noqa: N801 - stands in for gunicorn's logger object
             @staticmethod
