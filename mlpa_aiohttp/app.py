@@ -41,6 +41,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
+from .gc_tuning import settle_heap_on_startup
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
@@ -123,10 +124,16 @@ async def _run_while_serving(run: Callable[[], Awaitable[None]] | None) -> Async
 
 
 async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
-    """Under several workers, each copies its GC statistics for the others' scrapes."""
-    gc_counters = app[keys.METRICS].gc_counters
-    async for _ in _run_while_serving(gc_counters.run if gc_counters is not None else None):
-        yield
+    """GC pauses timed for the app's life; under several workers, each copies its GC
+    statistics for the others' scrapes."""
+    metrics = app[keys.METRICS]
+    gc_counters = metrics.gc_counters
+    metrics.gc_pauses.install()
+    try:
+        async for _ in _run_while_serving(gc_counters.run if gc_counters is not None else None):
+            yield
+    finally:
+        metrics.gc_pauses.uninstall()
 
 
 async def _keepalive_context(app: web.Application) -> AsyncIterator[None]:
@@ -209,4 +216,7 @@ async def app_factory() -> web.Application:
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     warn_about_environment(os.environ, variable_names())
     init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
-    return create_app(settings)
+    app = create_app(settings)
+    # After every cleanup context (appended later, so it runs later): the heap is complete.
+    app.on_startup.append(settle_heap_on_startup)
+    return app
