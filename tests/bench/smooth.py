@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m tests.bench.smooth                      # 1,000 open, new at 0, 300, 900/s
     PYTHONPATH=. python -m tests.bench.smooth --rates 0,300 --seconds 10 --baseline-ref main
+    PYTHONPATH=. python -m tests.bench.smooth --replot results.json picture.png   # redraw from --json
 
 The service under gunicorn (one worker, default configuration) or `serve`; one paced upstream
 (an event every --interval s to every stream, first event after --ttft); --held streams
@@ -330,6 +331,45 @@ def run_target(procs: Processes, args: argparse.Namespace, name: str, upstream: 
     return {"held_opened": opened, "phases": phases}
 
 
+def write_plot(results: dict[str, Any], path: Path) -> Path:
+    """Open streams' lateness (p50, p99, max) and new streams' TTFB p50 against the offered
+    rate, one line per target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plots import _style
+
+    figure, (late_axes, ttfb_axes) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, result in results.items():
+        if name == "args":
+            continue
+        colour, marker = _style(name)
+        rates = [phase["rate"] for phase in result["phases"]]
+        late_axes.plot(rates, [phase["late_p99_ms"] for phase in result["phases"]], marker=marker, color=colour,
+                       label=f"{name} p99")
+        late_axes.plot(rates, [phase["late_max_ms"] for phase in result["phases"]], marker=marker, color=colour,
+                       linestyle=":", label=f"{name} max")
+        served = [phase for phase in result["phases"] if phase["rate"] > 0]
+        ttfb_axes.plot([phase["rate"] for phase in served], [phase["ttfb_p50_ms"] for phase in served], marker=marker,
+                       color=colour, label=f"{name} p50")
+    late_axes.set_xlabel("new streams offered per second")
+    late_axes.set_ylabel("open streams' event lateness, ms")
+    late_axes.set_yscale("symlog", linthresh=10)
+    late_axes.set_title(f"{results['args']['held']} open streams, an event every {results['args']['interval']} s")
+    late_axes.legend(fontsize=7)
+    ttfb_axes.set_xlabel("new streams offered per second")
+    ttfb_axes.set_ylabel("new streams' time to first byte, ms")
+    ttfb_axes.set_yscale("log")
+    ttfb_axes.set_title("new streams, closed at their first byte")
+    ttfb_axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.smooth", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -356,7 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--late-ms", type=float, default=10.0, help="lateness from which an event is attributed")
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="write a PNG of the run here")
+    parser.add_argument("--replot", nargs=2, type=Path, metavar=("JSON", "PNG"), help="only redraw a saved run")
     args = parser.parse_args(argv)
+    if args.replot:
+        say(f"picture: {write_plot(json.loads(args.replot[0].read_text()), args.replot[1])}")
+        return 0
     if args.mode is not None:
         import uvloop
 
@@ -376,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"# open streams while new ones arrive ({time.strftime('%Y-%m-%d %H:%M')}, load "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.held} held, event every {args.interval} s; "
         f"new streams open-loop at {', '.join(f'{r:g}' for r in args.rates)}/s for {args.seconds:g} s; logs {work_dir})")
-    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
+    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k not in ("json", "plot")}}
     with Processes(work_dir) as procs:
         fxa = start_fake_fxa(procs)
         upstream = start_paced_upstream(procs, ttft=args.ttft, chunks=chunks, interval=args.interval)
@@ -386,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[name] = run_target(procs, args, name, upstream, fxa, work_dir, baselines)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
+    if args.plot:
+        say(f"picture: {write_plot(results, args.plot)}")
     say(f"load at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     return 0
 
