@@ -31,10 +31,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import time
 from pathlib import Path
 from typing import Iterable
-
-import time
 
 from prometheus_client import CollectorRegistry, Counter, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
@@ -171,7 +170,7 @@ class WorkerGCCounters:
         self._pid = str(os.getpid())
         self._copied: dict[tuple[str, int], int] = {}
         for generation in range(len(gc.get_stats())):
-            for counter in self._counters.values():
+            for counter in (*self._counters.values(), self._pause_seconds, self._pause_count):
                 counter.labels(str(generation), self._pid)  # present even while zero
         self.sync()  # a scrape answered by a sibling never sees this worker's GC at 0
 
