@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{figures['background_percent']:.1f} % before; waiting for a CPU {figures['run_delay_percent']:.0f} %; "
                     f"TTFB p50 {figures['ttfb_p50_ms']:.1f} ms; failures {figures['failures'] or 0}; load {figures['load']:.1f})")
                 time.sleep(1.0)
+    shutil.rmtree(work_dir, ignore_errors=True)  # kept when the run failed (the exception skips this)
     summary = []
     for name in names:
         per_stream = [row["cpu_us_per_stream"] for row in rows[name]]

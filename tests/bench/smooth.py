@@ -31,6 +31,7 @@ import bisect
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -397,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path, help="write a PNG of the run here")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the directory of process logs and GC timelines")
     parser.add_argument("--replot", nargs=2, type=Path, metavar=("JSON", "PNG"), help="only redraw a saved run")
     args = parser.parse_args(argv)
     if args.replot:
@@ -421,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"# open streams while new ones arrive ({time.strftime('%Y-%m-%d %H:%M')}, load "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; {args.held} held, event every {args.interval} s; "
         f"new streams open-loop at {', '.join(f'{r:g}' for r in args.rates)}/s for {args.seconds:g} s; logs {work_dir})")
-    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k not in ("json", "plot")}}
+    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "replot")}}
     with Processes(work_dir) as procs:
         fxa = start_fake_fxa(procs)
         upstream = start_paced_upstream(procs, ttft=args.ttft, chunks=chunks, interval=args.interval)
@@ -429,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Interleaved: target after target, each with every rate, in one upstream's life.
         for name in names:
             results[name] = run_target(procs, args, name, upstream, fxa, work_dir, baselines)
+    if not args.keep_logs:  # kept when the run failed (the exception skips this)
+        shutil.rmtree(work_dir, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     if args.plot:
