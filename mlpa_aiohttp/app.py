@@ -41,6 +41,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
+from .gc_tuning import settle_heap_on_startup
 from .middlewares import add_security_headers, error_mapping, request_context
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
@@ -124,10 +125,16 @@ async def _run_while_serving(run: Callable[[], Awaitable[None]] | None) -> Async
 
 
 async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None]:
-    """Under several workers, each copies its GC statistics for the others' scrapes."""
-    gc_counters = app[keys.METRICS].gc_counters
-    async for _ in _run_while_serving(gc_counters.run if gc_counters is not None else None):
-        yield
+    """GC pauses timed for the app's life; under several workers, each copies its GC
+    statistics for the others' scrapes."""
+    metrics = app[keys.METRICS]
+    gc_counters = metrics.gc_counters
+    metrics.gc_pauses.install()
+    try:
+        async for _ in _run_while_serving(gc_counters.run if gc_counters is not None else None):
+            yield
+    finally:
+        metrics.gc_pauses.uninstall()
 
 
 async def _keepalive_context(app: web.Application) -> AsyncIterator[None]:
@@ -213,4 +220,6 @@ async def app_factory() -> web.Application:
     app = create_app(settings)
     # One WARNING if LiteLLM is not there at start-up; start-up does not wait for it.
     app.cleanup_ctx.append(litellm_reachability_context)
+    # After every cleanup context (they run at on_startup's first entry): the heap is complete.
+    app.on_startup.append(settle_heap_on_startup)
     return app

@@ -91,7 +91,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             metrics.request_latency.labels(method, route).observe(elapsed)
         event = cancelled_event or _completed_event()
         log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path)
-        structlog.contextvars.clear_contextvars()
+        # No clearing afterwards: aiohttp runs each request's handler in a task of its own,
+        # whose copy of the context ends with it (clearing set each of the ~20 bound
+        # variables once more, per request).
 
 
 # The events of the request's log line, and the statuses a cancelled handler's line carries.

@@ -260,6 +260,11 @@ class ServerSettings:
     # on SYN retransmits (1, 3, 7 s). The kernel caps it at net.core.somaxconn (4096 by
     # default since Linux 5.4): see docs/performance.md, "Admission".
     listen_backlog: int = variable("LISTEN_BACKLOG", 4096, minimum=1)
+    # The garbage collector, for a heap of long-lived streams (mlpa_aiohttp/gc_tuning.py):
+    # freeze what exists once the app has started, and collect the young generation every
+    # GC_YOUNG_THRESHOLD allocations (0: CPython's 700).
+    gc_freeze_after_startup: bool = variable("GC_FREEZE_AFTER_STARTUP", True)
+    gc_young_threshold: int = variable("GC_YOUNG_THRESHOLD", 10000, minimum=0)
 
     def dead_peer_options(self) -> DeadPeerOptions:
         return DeadPeerOptions(

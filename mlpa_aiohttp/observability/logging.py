@@ -134,7 +134,14 @@ def stdlib_formatter(json: bool = False, colours: bool = False) -> logging.Forma
 def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
     """Process-wide logging setup; called by the entry points, never by `create_app`."""
     structlog.configure(
-        processors=[*_shared_processors(), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # A line below the level is dropped first, before the context is merged and the
+        # event redacted: stdlib logging would drop it only after all of that (at
+        # LOG_LEVEL=warning that was every request's canonical line, per request).
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_shared_processors(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import multiprocess
 
 from .labels import clamp_model, clamp_purpose, clamp_service_type
-from .runtime_metrics import WorkerGCCounters, register_multiprocess, register_single_process
+from .runtime_metrics import GCPauses, WorkerGCCounters, register_multiprocess, register_single_process
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 FAST_AUTH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
@@ -60,9 +60,12 @@ class Metrics:
         """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
         GC series are then per worker (observability/runtime_metrics.py)."""
         self.registry = registry
-        self.gc_counters = WorkerGCCounters() if multiprocess else None
+        # Installed in gc.callbacks for the app's life (app.py, `_worker_gc_metrics_context`).
+        self.gc_pauses = GCPauses()
+        self.gc_counters = WorkerGCCounters(self.gc_pauses) if multiprocess else None
         # Exposed whenever this registry is (without a multiprocess directory).
         register_single_process(registry)
+        registry.register(self.gc_pauses)
         r = registry
         self.in_progress = Gauge(
             "mlpa_in_progress_requests", "Requests in progress", registry=r, multiprocess_mode="livesum"

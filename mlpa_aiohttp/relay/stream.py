@@ -143,6 +143,7 @@ class StreamRelay:
             if self._keepalive is not None:
                 self._keepalive.stop(self._response)
             self._tracker.discard(self._handle)
+            self._handle.detach()
             self._metrics.open_streams.dec()
             self._metrics.relayed_bytes.inc(self._handle.relayed)
         return self._response

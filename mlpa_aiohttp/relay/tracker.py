@@ -27,6 +27,10 @@ _WATCH_MIN_SECONDS = 0.05
 _WATCH_MAX_SECONDS = 5.0
 
 
+def _ended() -> None:
+    """`OpenStream`'s callback once its stream has ended: nothing left to end."""
+
+
 class OpenStream:
     """One relayed stream. The relay counts `relayed` bytes and sets `upstream_open` once
     LiteLLM's headers arrived; `stop()` (shutdown) and `expire()` (silence) end it from
@@ -50,6 +54,13 @@ class OpenStream:
     def expire(self) -> None:
         self.timed_out = True
         self._end()
+
+    def detach(self) -> None:
+        """The stream has ended: drop the relay's callback. It is a bound method of the
+        relay, which holds this handle, so keeping it would leave every finished stream
+        (request, response, upstream call) as a reference cycle that only the garbage
+        collector frees (docs/performance.md, "Round 5")."""
+        self._end = _ended
 
     def silent_for(self, now: float) -> float:
         if self.relayed != self._seen:

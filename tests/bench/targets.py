@@ -72,7 +72,9 @@ class Target:
 
 def python_env(*, root: Path = REPO_ROOT, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in ("SENTRY_DSN", "PROMETHEUS_MULTIPROC_DIR")}
-    env["PYTHONPATH"] = str(root)
+    # BENCH_SITE_DIR: a directory of bench-only start-up hooks (a sitecustomize), first.
+    site_dir = os.environ.get("BENCH_SITE_DIR")
+    env["PYTHONPATH"] = f"{site_dir}{os.pathsep}{root}" if site_dir else str(root)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

@@ -254,7 +254,14 @@ PROCESS_SERIES = (
     "process_open_fds",
     "process_max_fds",
 )
-GC_SERIES = ("python_gc_objects_collected_total", "python_gc_objects_uncollectable_total", "python_gc_collections_total")
+GC_SERIES = (
+    "python_gc_objects_collected_total",
+    "python_gc_objects_uncollectable_total",
+    "python_gc_collections_total",
+    # Ours: time each collection held the worker (observability/runtime_metrics.py, GCPauses).
+    "mlpa_gc_pause_seconds_total",
+    "mlpa_gc_pauses_total",
+)
 
 
 async def test_process_and_gc_series_of_every_worker(gunicorn: Gunicorn) -> None:
