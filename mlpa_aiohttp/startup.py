@@ -19,6 +19,7 @@ EXIT_CONFIG = 78  # sysexits EX_CONFIG: a variable is missing or invalid
 GUNICORN_WORKER_BOOT_ERROR = 3
 
 CONFIG_HINT = 'every variable is listed in README "Configuration" and config/example.env'
+CATALOG_FILE_HINT = "; docs/catalog.md describes the catalogue file (`python -m mlpa_aiohttp catalog check FILE`)"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -32,9 +33,10 @@ def report_config_error(
     problems: SettingsError | Sequence[str], environ: Mapping[str, str], *, exit_code: int = EXIT_CONFIG
 ) -> int:
     listed = problems.problems if isinstance(problems, SettingsError) else tuple(problems)
-    log_startup_failure(
-        "configuration_error", listed, exit_code=exit_code, hint=CONFIG_HINT, json=json_logs_requested(environ)
-    )
+    hint = CONFIG_HINT
+    if any(problem.startswith("MLPA_CATALOG_FILE") for problem in listed):
+        hint += CATALOG_FILE_HINT
+    log_startup_failure("configuration_error", listed, exit_code=exit_code, hint=hint, json=json_logs_requested(environ))
     return exit_code
 
 
