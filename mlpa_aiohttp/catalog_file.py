@@ -163,23 +163,24 @@ class _Reader:
         for number, table in enumerate(tables, 1):
             name = table.get("name")
             where = f"service_type #{number}" + (f" {name!r}" if isinstance(name, str) else "")
-            if isinstance(name, str) and name in seen_names:
+            duplicate = isinstance(name, str) and name in seen_names
+            if duplicate:
                 self.problem(where, f"duplicate service type {name!r} (also {seen_names[name]})")
             elif isinstance(name, str):
                 seen_names[name] = f"service_type #{number}"
             entry = self.service_type(table, where)
-            if entry is None:
+            if entry is None or duplicate:
                 continue
             infix = env_name(entry.name)
             if infix in seen_env:
-                self.problem(where, f"its USER_FEATURE_BUDGET_{infix}_* variables are also {seen_env[infix]}'s")
+                self.problem(where, f"shares its USER_FEATURE_BUDGET_{infix}_* variables with {seen_env[infix]}")
             seen_env.setdefault(infix, where)
             budget_id = entry.budget.budget_id
             if budget_id in seen_budget_ids:
                 self.problem(
                     where,
-                    f"budget.budget_id {budget_id!r} is also {seen_budget_ids[budget_id]}'s: each tier needs its "
-                    "own LiteLLM budget row",
+                    f"budget.budget_id {budget_id!r} is also the budget_id of {seen_budget_ids[budget_id]}: each "
+                    "tier needs its own LiteLLM budget row",
                 )
             seen_budget_ids.setdefault(budget_id, where)
             entries.append(entry)
