@@ -377,6 +377,16 @@ exit statuses:
   2   command-line usage error
   {EXIT_CONFIG}  the file or one of those variables is not valid: every problem is listed"""
 
+CATALOG_CHECKSUM_TEXT = f"""environment:
+  none; FILE is the only input. The checksum is the SHA-256 of the file's bytes (what
+  sha256sum prints), for the Deployment's mlpa.mozilla.org/catalog-sha256 annotation:
+  a new value rolls the pods (docs/catalog.md, "Kubernetes").
+
+exit statuses:
+  0   the file is a valid catalogue; its checksum is printed
+  2   command-line usage error
+  {EXIT_CONFIG}  the file is not valid: every problem is listed, no checksum is printed"""
+
 CATALOG_HINT = "docs/catalog.md describes the file; config/catalog.toml is the built-in catalogue"
 # Problems of the settings that are about the catalogue (`catalog show` reports only those).
 _CATALOG_PROBLEM_PREFIXES = ("MLPA_CATALOG_FILE", "USER_FEATURE_BUDGET_", "MLPA_CAPPED_SERVICE_TYPES")
@@ -395,27 +405,45 @@ def _add_catalog(commands: argparse._SubParsersAction) -> None:
     for name, help_text, epilog, run in (
         ("check", "validate a catalogue file; every problem in one message", CATALOG_CHECK_TEXT, _run_catalog_check),
         ("show", "print the effective catalogue (file and variables applied) as TOML", CATALOG_SHOW_TEXT, _run_catalog_show),
+        ("checksum", "print a valid catalogue file's SHA-256 (the pod template annotation)", CATALOG_CHECKSUM_TEXT, _run_catalog_checksum),
     ):
         action = actions.add_parser(
             name, help=help_text, description=help_text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
         )
         action.set_defaults(run=run)
-        if name == "check":
+        if name != "show":
             action.add_argument("file", metavar="FILE", help="the TOML catalogue file")
 
 
-def _run_catalog_check(args: argparse.Namespace) -> int:
+def _checked_catalog(path: str):
+    """The catalogue in `path`, or None once every problem is reported."""
     from .catalog_file import CatalogError, load_catalog
     from .observability.logging import log_startup_failure
     from .startup import json_logs_requested
 
     try:
-        catalog = load_catalog(args.file)
+        return load_catalog(path)
     except CatalogError as error:
-        problems = [f"{args.file}: {problem}" for problem in error.problems]
+        problems = [f"{path}: {problem}" for problem in error.problems]
         log_startup_failure(
             "catalog_invalid", problems, exit_code=EXIT_CONFIG, hint=CATALOG_HINT, json=json_logs_requested(os.environ)
         )
+        return None
+
+
+def _run_catalog_checksum(args: argparse.Namespace) -> int:
+    import hashlib
+
+    if _checked_catalog(args.file) is None:
+        return EXIT_CONFIG
+    with open(args.file, "rb") as file:
+        print(hashlib.sha256(file.read()).hexdigest())
+    return 0
+
+
+def _run_catalog_check(args: argparse.Namespace) -> int:
+    catalog = _checked_catalog(args.file)
+    if catalog is None:
         return EXIT_CONFIG
     print(
         f"{args.file}: a valid catalogue: {len(catalog.names)} service types, {len(catalog.search_types)} of them"
