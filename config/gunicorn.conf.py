@@ -22,7 +22,12 @@ Start-up errors: an invalid value of any variable (these and the app's own, secr
 included) stops the master before it binds or forks, with one message listing every
 problem (JSON with LOG_JSON=true) and exit status 78. PostgreSQL out of reach while a worker
 starts the app: one message, the worker exits 3 and gunicorn's arbiter stops with 3
-("Worker failed to boot"). Every line gunicorn writes goes through the app's formatter.
+("Worker failed to boot").
+
+The catalogue file (MLPA_CATALOG_FILE) is checked by the master, at start and on each HUP;
+workers read the master's copy of the last file that passed, so a broken file on HUP is one
+ERROR, and the new workers serve the previous catalogue (mlpa_aiohttp/catalog_snapshot.py).
+Every line gunicorn writes goes through the app's formatter.
 
 Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
     terminationGracePeriodSeconds (Kubernetes) > preStop pause + graceful_timeout
@@ -35,6 +40,7 @@ import math
 import os
 import shutil
 
+from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot, report_catalog_kept
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
 
@@ -178,10 +184,17 @@ def on_starting(server) -> None:
     emptyDir), so its contents are removed, not the directory.
     """
     found = check_configuration()
+    snapshot = CatalogSnapshot.for_environ(os.environ) if not found else None
+    if snapshot is not None:
+        found = snapshot.take(os.environ)
     if found:
+        if snapshot is not None:
+            snapshot.remove()
         if server.pidfile is not None:
             server.pidfile.unlink()
         raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))
+    # Kept on the arbiter: it outlives this module, which gunicorn re-executes on each HUP.
+    server.mlpa_catalog_snapshot = snapshot
     directory = _reading.settings.observability.prometheus_multiproc_dir
     if directory is None:
         return
@@ -192,6 +205,26 @@ def on_starting(server) -> None:
         else:
             os.unlink(entry.path)
     server.log.info("Prometheus multiprocess directory %s emptied", directory)
+
+
+def on_reload(server) -> None:
+    """On HUP, before the new workers are forked: take the operator's catalogue file if it
+    passes the start-up check, else keep the last good one (mlpa_aiohttp/catalog_snapshot.py)."""
+    snapshot = getattr(server, "mlpa_catalog_snapshot", None)
+    if snapshot is None:
+        return
+    found = snapshot.take(os.environ)
+    if found:
+        report_catalog_kept(found, os.environ)
+    else:
+        server.log.info("Catalogue file %s checked: new workers serve it", snapshot.source)
+
+
+def post_fork(server, worker) -> None:
+    """A new worker reads the master's last good copy of the catalogue file."""
+    snapshot = getattr(server, "mlpa_catalog_snapshot", None)
+    if snapshot is not None:
+        snapshot.point_at_snapshot(os.environ)
 
 
 def when_ready(server) -> None:

@@ -51,12 +51,16 @@ class CatalogError(ValueError):
 
 def load_catalog(path: str) -> Catalog:
     """The catalogue in the file at `path`; raises `CatalogError` listing every problem."""
+    return parse_catalog(read_catalog_file(path))
+
+
+def read_catalog_file(path: str) -> bytes:
+    """The file's bytes; raises `CatalogError` when it cannot be read."""
     try:
         with open(path, "rb") as file:
-            raw = file.read()
+            return file.read()
     except OSError as exc:
         raise CatalogError([f"cannot read the file: {exc.strerror or exc}"]) from None
-    return parse_catalog(raw)
 
 
 def parse_catalog(raw: bytes) -> Catalog:

@@ -232,6 +232,16 @@ def _budgets(env: _Env, catalog: Catalog) -> Mapping[str, BudgetTier]:
     return MappingProxyType(tiers)
 
 
+def catalog_file_path(environ: Mapping[str, str]) -> str | None:
+    """MLPA_CATALOG_FILE as `Settings.catalog` reads it; none for the built-in catalogue."""
+    return _Env(environ).optional_str("MLPA_CATALOG_FILE")
+
+
+def catalog_file_problem(path: str, problem: str) -> str:
+    """A problem of the catalogue file at `path`, as every report of it reads."""
+    return f"MLPA_CATALOG_FILE ({path}): {problem}"
+
+
 def _catalog(env: _Env, default: Catalog) -> Catalog:
     """The catalogue of MLPA_CATALOG_FILE (the built-in one when unset), with the budget
     and capped-type variables applied: the one every reader of the catalogue uses."""
@@ -242,7 +252,7 @@ def _catalog(env: _Env, default: Catalog) -> Catalog:
             catalog = load_catalog(path)
         except CatalogError as error:
             for problem in error.problems:
-                env.problem(f"MLPA_CATALOG_FILE ({path}): {problem}")
+                env.problem(catalog_file_problem(path, problem))
     effective = catalog.with_variables(_budgets(env, catalog), _capped_service_types(env, catalog))
     env.catalog = effective
     return effective

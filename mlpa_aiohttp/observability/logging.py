@@ -157,24 +157,45 @@ def log_startup_failure(
     event: str, problems: Sequence[str], *, exit_code: int, hint: str, json: bool, stream: TextIO | None = None
 ) -> None:
     """One message for a process that cannot start: every problem, the exit status and
-    what to do, without a traceback. Written directly (it may run before
-    `configure_logging`, or in gunicorn's master) in the shape of every other line."""
+    what to do, without a traceback."""
+    log_problems(
+        event, problems, level="critical", outcome=f"exit status {exit_code}", hint=hint, json=json,
+        fields={"exit_code": exit_code}, stream=stream,
+    )
+
+
+def log_problems(
+    event: str,
+    problems: Sequence[str],
+    *,
+    level: str,
+    outcome: str,
+    hint: str,
+    json: bool,
+    fields: dict[str, Any] | None = None,
+    logger: str = "mlpa_aiohttp.startup",
+    stream: TextIO | None = None,
+) -> None:
+    """Every problem of a configuration in one message, what came of it (`outcome`) and
+    what to do. Written directly (it may run before `configure_logging`, or in gunicorn's
+    master) in the shape of every other line."""
     out = stream if stream is not None else sys.stderr
+    shown_level = level.upper()
     if json:
         record = {
             "event": event,
             "problems": list(problems),
-            "exit_code": exit_code,
+            **(fields or {}),
             "hint": hint,
-            "level": "critical",
-            "logger": "mlpa_aiohttp.startup",
+            "level": level.lower(),
+            "logger": logger,
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
         }
         text = jsonlib.dumps(record)
     elif len(problems) == 1:
-        text = f"{'CRITICAL':<8} {event}: {problems[0]} (exit status {exit_code}; {hint})"
+        text = f"{shown_level:<8} {event}: {problems[0]} ({outcome}; {hint})"
     else:
-        lines = [f"{'CRITICAL':<8} {event}: {len(problems)} problems, exit status {exit_code}"]
+        lines = [f"{shown_level:<8} {event}: {len(problems)} problems, {outcome}"]
         lines += [f"  - {problem}" for problem in problems]
         lines.append(f"  {hint}")
         text = "\n".join(lines)

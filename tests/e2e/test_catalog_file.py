@@ -1,10 +1,12 @@
 """The catalogue file in real processes: a bad file refused at start with every problem in
-one message (exit 78) under `serve` and under gunicorn; `catalog check`/`show`; and a new
-file taking effect with gunicorn's HUP while streams are open, none of them cut."""
+one message (exit 78) under `serve` and under gunicorn; `catalog check`/`show`; a new file
+taking effect with gunicorn's HUP while streams are open, none of them cut; and a broken
+file on HUP refused with one ERROR while the last good catalogue goes on being served."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -12,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -22,7 +24,7 @@ from mlpa_aiohttp.catalog_file import render_catalog
 
 from ..conftest import TEST_SECRETS, chat_body
 from .test_gunicorn import CHAT_PATH, REPO_ROOT, WORKERS, Gunicorn, free_port, wait_until_live
-from .test_gunicorn_logs import base_env, run_to_exit
+from .test_gunicorn_logs import base_env, json_lines, run_to_exit
 
 pytestmark = pytest.mark.e2e
 
@@ -139,10 +141,12 @@ def with_sw_answer() -> Catalog:
     return Catalog((*BUILTIN_CATALOG.service_types, SW_ANSWER), BUILTIN_CATALOG.search_types, BUILTIN_CATALOG.models)
 
 
-async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> None:
-    (fake, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
-    catalog_file = tmp_path / "catalog.toml"
-    catalog_file.write_text(render_catalog(BUILTIN_CATALOG))
+@contextlib.asynccontextmanager
+async def gunicorn_with_catalog(
+    fake_litellm_server, fake_fxa_server, tmp_path: Path, catalog_file: Path, **extra: str
+) -> AsyncIterator[Gunicorn]:
+    """gunicorn with the catalogue file, every worker ready; stopped (SIGTERM) on the way out."""
+    (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
     port = free_port()
     log_path = tmp_path / "gunicorn.log"
     env = {
@@ -158,60 +162,96 @@ async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm
         "LITELLM_API_BASE": str(litellm_server.make_url("")).rstrip("/"),
         "FXA_BASE_URL": str(fxa_server.make_url("/v1")),
         "LOG_LEVEL": "INFO",
+        **extra,
     }
-    log_file: IO[bytes] = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    server = Gunicorn(process, f"http://127.0.0.1:{port}", tmp_path, log_path, fxa.issue_jwt("hup-user"))
-    headers = {**server.headers()}
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        server = Gunicorn(process, f"http://127.0.0.1:{port}", tmp_path, log_path, fxa.issue_jwt("hup-user"))
+        try:
+            await wait_until_live(server)
+            yield server
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+async def chat_status(session: aiohttp.ClientSession, server: Gunicorn, service_type: str, **extra: str) -> int | None:
+    """One chat request's status; none when the connection closed under it."""
     try:
-        await wait_until_live(server)
+        async with session.post(
+            f"{server.base_url}{CHAT_PATH}",
+            data=json.dumps(chat_body()),
+            headers={**server.headers(), "service-type": service_type, **extra},
+        ) as response:
+            await response.read()
+            return response.status
+    except aiohttp.ClientConnectionError:
+        return None
+
+
+async def open_streams(server: Gunicorn, count: int) -> tuple[list[aiohttp.ClientSession], list[aiohttp.ClientResponse]]:
+    """`count` chat streams, each on its own connection, each past its first event."""
+    sessions = [aiohttp.ClientSession() for _ in range(count)]
+    responses = [
+        await own.post(f"{server.base_url}{CHAT_PATH}", data=json.dumps(chat_body(stream=True)), headers=server.headers())
+        for own in sessions
+    ]
+    for response in responses:
+        assert response.status == 200
+        assert b"data: " in await response.content.readany()
+    return sessions, responses
+
+
+async def until_served(server: Gunicorn, request: Callable[[], Awaitable[int | None]], status: int, what: str) -> None:
+    """Wait until five requests in a row get `status` (old workers may still answer a few)."""
+    deadline = time.monotonic() + 20
+    in_a_row = 0
+    while in_a_row < 5:
+        assert time.monotonic() < deadline, f"{what} was never served:\n{server.output()}"
+        in_a_row = in_a_row + 1 if await request() == status else 0
+        await asyncio.sleep(0.05)
+
+
+async def until_logged(server: Gunicorn, text: str, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while server.output().count(text) < count:
+        assert server.process.poll() is None, f"gunicorn exited:\n{server.output()}"
+        assert time.monotonic() < deadline, f"never {count} times {text!r}:\n{server.output()}"
+        await asyncio.sleep(0.05)
+
+
+async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> None:
+    fake, _ = fake_litellm_server
+    catalog_file = tmp_path / "catalog.toml"
+    catalog_file.write_text(render_catalog(BUILTIN_CATALOG))
+    async with gunicorn_with_catalog(fake_litellm_server, fake_fxa_server, tmp_path, catalog_file) as server:
         # A connection per request: an old worker closes its idle keep-alive connections
         # when it stops, which a client sees as a disconnect to retry, not as an answer.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-
-            async def chat(service_type: str, **extra: str) -> int | None:
-                try:
-                    async with session.post(
-                        f"{server.base_url}{CHAT_PATH}",
-                        data=json.dumps(chat_body()),
-                        headers={**headers, "service-type": service_type, **extra},
-                    ) as response:
-                        await response.read()
-                        return response.status
-                except aiohttp.ClientConnectionError:
-                    return None
-
-            assert await chat("sw-answer") == 422  # not in the catalogue yet
+            assert await chat_status(session, server, "sw-answer") == 422  # not in the catalogue yet
 
             fake.interval, fake.chunks = 0.1, 40  # about 4 s of stream each
-            streams = [aiohttp.ClientSession() for _ in range(STREAMS)]
+            streams, responses = await open_streams(server, STREAMS)
             try:
-                responses = [
-                    await own.post(f"{server.base_url}{CHAT_PATH}", data=json.dumps(chat_body(stream=True)), headers=headers)
-                    for own in streams
-                ]
-                for response in responses:
-                    assert response.status == 200
-                    assert b"data: " in await response.content.readany()
-
                 catalog_file.write_text(render_catalog(with_sw_answer()))
-                process.send_signal(signal.SIGHUP)
+                server.process.send_signal(signal.SIGHUP)
                 bodies = asyncio.gather(*(asyncio.wait_for(r.content.read(), timeout=DRAIN_SECONDS) for r in responses))
 
                 # New workers take new requests with the new catalogue.
-                deadline = time.monotonic() + 20
-                accepted = 0
-                while accepted < 5:
-                    assert time.monotonic() < deadline, f"the new catalogue was never served:\n{server.output()}"
-                    accepted = accepted + 1 if await chat("sw-answer", purpose="answer") == 200 else 0
-                    await asyncio.sleep(0.05)
-
+                await until_served(
+                    server, lambda: chat_status(session, server, "sw-answer", purpose="answer"), 200, "the new catalogue"
+                )
                 for body in await bodies:
                     assert body.endswith(DONE), body[-200:]
                     assert b"Server shutting down" not in body
@@ -223,12 +263,62 @@ async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm
         assert output.count("Worker ready") == 2 * WORKERS, output
         for sign in ("Traceback", "WORKER TIMEOUT", "SIGKILL"):
             assert sign not in output, output
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+
+
+async def test_hup_with_a_broken_file_keeps_the_last_good_catalogue(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> None:
+    """A broken file on HUP: one ERROR listing every problem, new workers with the last good
+    catalogue, no stream cut, the service up; the fixed file is taken on the next HUP."""
+    fake, _ = fake_litellm_server
+    catalog_file = tmp_path / "catalog.toml"
+    catalog_file.write_text(render_catalog(BUILTIN_CATALOG))
+    # The master's private snapshot directory is made here, so the test can see it go.
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    async with gunicorn_with_catalog(
+        fake_litellm_server, fake_fxa_server, tmp_path, catalog_file, LOG_JSON="true", TMPDIR=str(temp_dir)
+    ) as server:
+        (snapshot_dir,) = temp_dir.iterdir()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+            served = lambda service_type, **extra: chat_status(session, server, service_type, **extra)  # noqa: E731
+            fake.interval, fake.chunks = 0.1, 40  # about 4 s of stream each
+            streams, responses = await open_streams(server, STREAMS)
             try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        log_file.close()
+                catalog_file.write_text(BAD_CATALOG)
+                server.process.send_signal(signal.SIGHUP)
+                bodies = asyncio.gather(*(asyncio.wait_for(r.content.read(), timeout=DRAIN_SECONDS) for r in responses))
+                await until_logged(server, "Worker ready", 2 * WORKERS)
+                # Only the new workers are left once the old ones have drained their streams.
+                for body in await bodies:
+                    assert body.endswith(DONE), body[-200:]
+                    assert b"Server shutting down" not in body
+            finally:
+                for own in streams:
+                    await own.close()
+            await until_logged(server, "Worker exiting", WORKERS)
+            # The old catalogue, from the new workers: ai is served, sw-answer still unknown.
+            for _ in range(5):
+                assert await served("ai") == 200
+                assert await served("sw-answer", purpose="answer") == 422
+            assert server.process.poll() is None
+
+            events = json_lines(server.output(), "gunicorn")
+            (refused,) = [event for event in events if event["event"] == "catalog_file_refused"]
+            assert refused["level"] == "error" and "docs/catalog.md" in refused["hint"]
+            assert_every_problem_listed(refused["problems"], catalog_file)
+            assert not [event for event in events if event["level"] in ("critical", "fatal")], events
+            assert "failed to boot" not in server.output()
+
+            # Fixed, with a new type: the next HUP takes it.
+            catalog_file.write_text(render_catalog(with_sw_answer()))
+            server.process.send_signal(signal.SIGHUP)
+            await until_served(server, lambda: served("sw-answer", purpose="answer"), 200, "the fixed catalogue")
+            await until_logged(server, "Worker ready", 3 * WORKERS)
+            assert server.output().count("catalog_file_refused") == 1
+
+        output = server.output()
+        for sign in ("Traceback", "WORKER TIMEOUT", "SIGKILL"):
+            assert sign not in output, output
+        assert snapshot_dir.is_dir()
+    # SIGTERM: the master exits cleanly and removes its snapshot directory.
+    assert server.process.returncode == 0, server.output()
+    assert list(temp_dir.iterdir()) == [], server.output()

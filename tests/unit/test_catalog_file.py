@@ -1,15 +1,20 @@
 """The catalogue file: the shipped example is the built-in catalogue, `render_catalog` reads
 back to the same catalogue, every kind of mistake is reported (all at once), and the
-settings read the file with the budget and capped-type variables on top."""
+settings read the file with the budget and capped-type variables on top; the gunicorn
+master's snapshot of the last good file."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.catalog_file import CatalogError, load_catalog, parse_catalog, render_catalog
+from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot
 from mlpa_aiohttp.settings import Settings, SettingsError
 
 from ..conftest import TEST_SECRETS
@@ -236,3 +241,65 @@ async def test_search_and_dev_roles_come_from_the_file(make_service, tmp_path: P
         "/user/someone:ai/budget", json={"service_type": "mochi-dev"}, headers={"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"}
     )
     assert await admin.json() == {"detail": {"error": "Unknown service type: mochi-dev. Valid values: ai, search, sw-search, labs-dev"}}
+
+
+# -- the gunicorn master's last good catalogue (catalog_snapshot) -----------------------------
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[CatalogSnapshot]:
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    tempfile.tempdir = None  # re-read TMPDIR
+    try:
+        taken = CatalogSnapshot(str(tmp_path / "catalog.toml"))
+        yield taken
+        taken.remove()
+    finally:
+        tempfile.tempdir = None
+
+
+def test_a_valid_file_becomes_the_snapshot_and_a_broken_one_leaves_it(snapshot: CatalogSnapshot, tmp_path: Path) -> None:
+    source = Path(snapshot.source)
+    source.write_text(MINIMAL)
+    assert snapshot.take({}) == []
+    assert Path(snapshot.path).read_text() == MINIMAL
+    assert Path(snapshot.path).parent.parent == tmp_path / "tmp"
+    assert oct(Path(snapshot.path).parent.stat().st_mode & 0o777) == "0o700"
+
+    source.write_text(MINIMAL.replace("max_budget = 0.1", "max_budget = -1"))
+    problems = snapshot.take({})
+    assert problems == [
+        f"MLPA_CATALOG_FILE ({source}): service_type #1 'ai'.budget.max_budget: expected a number of at least 0 (USD), got -1"
+    ]
+    assert Path(snapshot.path).read_text() == MINIMAL
+    assert sorted(p.name for p in Path(snapshot.path).parent.iterdir()) == ["catalog.toml"]
+
+    # The variables on top count too: a capped type the new file no longer has.
+    source.write_text(MINIMAL)
+    assert snapshot.take({"MLPA_CAPPED_SERVICE_TYPES": "memories"}) == ["MLPA_CAPPED_SERVICE_TYPES: unknown service type 'memories'"]
+
+    source.unlink()
+    (unreadable,) = snapshot.take({})
+    assert unreadable.startswith(f"MLPA_CATALOG_FILE ({source}): cannot read the file: ")
+    assert Path(snapshot.path).read_text() == MINIMAL
+
+
+def test_workers_are_pointed_at_the_snapshot(snapshot: CatalogSnapshot) -> None:
+    environ = {"mlpa_catalog_file": snapshot.source, "PORT": "8080"}
+    snapshot.point_at_snapshot(environ)
+    assert environ == {"MLPA_CATALOG_FILE": snapshot.path, "PORT": "8080"}
+    assert CatalogSnapshot.for_environ({}) is None
+
+
+def test_only_the_master_removes_the_snapshot(snapshot: CatalogSnapshot) -> None:
+    Path(snapshot.source).write_text(MINIMAL)
+    assert snapshot.take({}) == []
+    child = os.fork()
+    if child == 0:  # a forked worker exiting runs the inherited exit handler
+        snapshot.remove()
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert Path(snapshot.path).is_file()
+    snapshot.remove()
+    assert not Path(snapshot.path).parent.exists()
