@@ -40,7 +40,7 @@ import math
 import os
 import shutil
 
-from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot, report_catalog_kept
+from mlpa_aiohttp.catalog_snapshot import report_catalog_kept, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
 
@@ -178,18 +178,17 @@ def check_configuration() -> list[str]:
 
 def on_starting(server) -> None:
     """Refuse to start on a configuration error, before binding or forking a worker (a
-    worker that failed on it would be one traceback per worker). Then start each
+    worker that failed on it would be one traceback per worker), the catalogue file
+    included, whose checked copy the workers read (`on_reload`). Then start each
     deployment with an empty prometheus multiprocess directory: files left by an earlier
     run would be summed into /metrics. The directory itself may be a mount point (an
     emptyDir), so its contents are removed, not the directory.
     """
     found = check_configuration()
-    snapshot = CatalogSnapshot.for_environ(os.environ) if not found else None
-    if snapshot is not None:
-        found = snapshot.take(os.environ)
+    snapshot = None
+    if not found:
+        snapshot, found = snapshot_for_environ(os.environ)
     if found:
-        if snapshot is not None:
-            snapshot.remove()
         if server.pidfile is not None:
             server.pidfile.unlink()
         raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))

@@ -57,8 +57,11 @@ class CatalogSnapshot:
         # The copy is what gets checked, so the snapshot holds exactly the bytes that passed
         # even if the operator's file changes meanwhile.
         candidate = os.path.join(self._directory, "candidate.toml")
-        with open(candidate, "wb") as file:
-            file.write(raw)
+        try:
+            with open(candidate, "wb") as file:
+                file.write(raw)
+        except OSError as exc:  # a full disk must not stop the master in the middle of a HUP
+            return [catalog_file_problem(self.source, f"cannot copy it to {candidate}: {exc.strerror or exc}")]
         checked = Settings.read_environ(with_catalog_file(environ, candidate), check_secrets=False)
         if checked.problems:
             os.unlink(candidate)
@@ -77,6 +80,25 @@ class CatalogSnapshot:
     def remove(self) -> None:
         if os.getpid() == self._owner_pid:
             shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def snapshot_for_environ(environ: Mapping[str, str]) -> tuple[CatalogSnapshot | None, list[str]]:
+    """The master's snapshot of the environment's catalogue file, taken: none for the
+    built-in catalogue; else the snapshot, or the problems that prevent it."""
+    try:
+        snapshot = CatalogSnapshot.for_environ(environ)
+    except OSError as exc:  # gettempdir() too raises when no directory is usable
+        return None, [
+            f"MLPA_CATALOG_FILE: gunicorn's master cannot make the directory of its copy of the file "
+            f"({exc}); set TMPDIR to a writable directory"
+        ]
+    if snapshot is None:
+        return None, []
+    problems = snapshot.take(environ)
+    if problems:
+        snapshot.remove()
+        return None, problems
+    return snapshot, []
 
 
 def with_catalog_file(environ: Mapping[str, str], path: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.catalog_file import CatalogError, load_catalog, parse_catalog, render_catalog
-from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot
+from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings, SettingsError
 
 from ..conftest import TEST_SECRETS
@@ -303,3 +303,24 @@ def test_only_the_master_removes_the_snapshot(snapshot: CatalogSnapshot) -> None
     assert Path(snapshot.path).is_file()
     snapshot.remove()
     assert not Path(snapshot.path).parent.exists()
+
+
+def test_no_usable_temporary_directory_is_a_configuration_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "catalog.toml"
+    source.write_text(MINIMAL)
+    assert snapshot_for_environ({}) == (None, [])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    snapshot, (problem,) = snapshot_for_environ({"MLPA_CATALOG_FILE": str(source)})
+    assert snapshot is None
+    assert problem.startswith("MLPA_CATALOG_FILE: gunicorn's master cannot make the directory of its copy")
+    assert problem.endswith("set TMPDIR to a writable directory")
+
+
+def test_a_broken_file_at_start_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "catalog.toml"
+    source.write_text(MINIMAL.replace('name = "search"', 'name = "serch"'))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    snapshot, problems = snapshot_for_environ({"MLPA_CATALOG_FILE": str(source)})
+    assert snapshot is None and problems and all(p.startswith(f"MLPA_CATALOG_FILE ({source}): ") for p in problems)
+    assert list((tmp_path / "tmp").iterdir()) == []
