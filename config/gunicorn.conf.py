@@ -24,6 +24,10 @@ problem (JSON with LOG_JSON=true) and exit status 78. PostgreSQL out of reach wh
 starts the app: one message, the worker exits 3 and gunicorn's arbiter stops with 3
 ("Worker failed to boot"); a worker says "Worker ready" only once its app has started.
 The port in use or not ours to bind: one message naming the address, exit status 71.
+
+The catalogue file (MLPA_CATALOG_FILE) is checked by the master, at start and on each HUP;
+workers read the master's copy of the last file that passed, so a broken file on HUP is one
+ERROR, and the new workers serve the previous catalogue (mlpa_aiohttp/catalog_snapshot.py).
 Every line gunicorn writes goes through the app's formatter.
 
 Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
@@ -38,6 +42,7 @@ import os
 import shutil
 import socket
 
+from mlpa_aiohttp.catalog_snapshot import report_catalog_kept, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.startup import (
     EXIT_CANNOT_LISTEN,
@@ -181,17 +186,23 @@ def check_configuration() -> list[str]:
 
 def on_starting(server) -> None:
     """Refuse to start on a configuration error, before binding or forking a worker (a
-    worker that failed on it would be one traceback per worker). Then start each
+    worker that failed on it would be one traceback per worker), the catalogue file
+    included, whose checked copy the workers read (`on_reload`). Then start each
     deployment with an empty prometheus multiprocess directory: files left by an earlier
     run would be summed into /metrics. The directory itself may be a mount point (an
     emptyDir), so its contents are removed, not the directory.
     """
     found = check_configuration()
+    snapshot = None
+    if not found:
+        snapshot, found = snapshot_for_environ(os.environ)
     if found:
         if server.pidfile is not None:
             server.pidfile.unlink()
         raise SystemExit(report_config_error(found, os.environ, exit_code=EXIT_CONFIG))
     _refuse_a_taken_address(server)
+    # Kept on the arbiter: it outlives this module, which gunicorn re-executes on each HUP.
+    server.mlpa_catalog_snapshot = snapshot
     directory = _reading.settings.observability.prometheus_multiproc_dir
     if directory is None:
         return
@@ -230,6 +241,26 @@ def _refuse_a_taken_address(server) -> None:
                 raise SystemExit(
                     report_unavailable("port", problem, os.environ, hint=hint, exit_code=EXIT_CANNOT_LISTEN)
                 ) from None
+
+
+def on_reload(server) -> None:
+    """On HUP, before the new workers are forked: take the operator's catalogue file if it
+    passes the start-up check, else keep the last good one (mlpa_aiohttp/catalog_snapshot.py)."""
+    snapshot = getattr(server, "mlpa_catalog_snapshot", None)
+    if snapshot is None:
+        return
+    found = snapshot.take(os.environ)
+    if found:
+        report_catalog_kept(found, os.environ)
+    else:
+        server.log.info("Catalogue file %s checked: new workers serve it", snapshot.source)
+
+
+def post_fork(server, worker) -> None:
+    """A new worker reads the master's last good copy of the catalogue file."""
+    snapshot = getattr(server, "mlpa_catalog_snapshot", None)
+    if snapshot is not None:
+        snapshot.point_at_snapshot(os.environ)
 
 
 def when_ready(server) -> None:

@@ -1,4 +1,4 @@
-"""mlpa-aiohttp, the authenticating LLM proxy: run it, try it, migrate its database.
+"""mlpa-aiohttp, the authenticating LLM proxy: run it, try it, migrate its database, check its catalogue.
 
 Each subcommand is one `_add_<name>` function that registers its parser and the function
 that runs it; `main` only parses and turns start-up failures into one message and an exit
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlpa-aiohttp {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate, _add_stack):
+    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate, _add_catalog, _add_stack):
         add(commands)
     return parser
 
@@ -367,6 +367,120 @@ def _run_migrate(args: argparse.Namespace) -> int:
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     warn_about_environment(os.environ, variable_names())
     return migrate_command(settings, role_timeouts=not args.skip_role_timeouts)
+
+
+# -- catalog ---------------------------------------------------------------------------------
+
+CATALOG_CHECK_TEXT = f"""environment:
+  none; FILE is the only input.
+
+exit statuses:
+  0   the file is a valid catalogue (a summary is printed)
+  2   command-line usage error
+  {EXIT_CONFIG}  the file is not valid: every problem is listed in one message"""
+
+CATALOG_SHOW_TEXT = f"""environment:
+  MLPA_CATALOG_FILE (unset: the built-in catalogue), then the USER_FEATURE_BUDGET_<T>_*
+  variables of each service type <T> and MLPA_CAPPED_SERVICE_TYPES, applied as the
+  service applies them; LOG_JSON for the format of an error.
+
+exit statuses:
+  0   the effective catalogue is printed (TOML, readable as a catalogue file)
+  2   command-line usage error
+  {EXIT_CONFIG}  the file or one of those variables is not valid: every problem is listed"""
+
+CATALOG_CHECKSUM_TEXT = f"""environment:
+  none; FILE is the only input. The checksum is the SHA-256 of the file's bytes (what
+  sha256sum prints), for the Deployment's mlpa.mozilla.org/catalog-sha256 annotation:
+  a new value rolls the pods (docs/catalog.md, "Kubernetes").
+
+exit statuses:
+  0   the file is a valid catalogue; its checksum is printed
+  2   command-line usage error
+  {EXIT_CONFIG}  the file is not valid: every problem is listed, no checksum is printed"""
+
+CATALOG_HINT = "docs/catalog.md describes the file; config/catalog.toml is the built-in catalogue"
+# Problems of the settings that are about the catalogue (`catalog show` reports only those).
+_CATALOG_PROBLEM_PREFIXES = ("MLPA_CATALOG_FILE", "USER_FEATURE_BUDGET_", "MLPA_CAPPED_SERVICE_TYPES")
+
+
+def _add_catalog(commands: argparse._SubParsersAction) -> None:
+    summary = "check a catalogue file, or show the catalogue the service would use (docs/catalog.md)"
+    catalog = commands.add_parser(
+        "catalog",
+        help=summary,
+        description=summary,
+        epilog=f"{PROG} catalog check --help and catalog show --help name what each reads.\n\n{EXIT_STATUSES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = catalog.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")
+    for name, help_text, epilog, run in (
+        ("check", "validate a catalogue file; every problem in one message", CATALOG_CHECK_TEXT, _run_catalog_check),
+        ("show", "print the effective catalogue (file and variables applied) as TOML", CATALOG_SHOW_TEXT, _run_catalog_show),
+        ("checksum", "print a valid catalogue file's SHA-256 (the pod template annotation)", CATALOG_CHECKSUM_TEXT, _run_catalog_checksum),
+    ):
+        action = actions.add_parser(
+            name, help=help_text, description=help_text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        action.set_defaults(run=run)
+        if name != "show":
+            action.add_argument("file", metavar="FILE", help="the TOML catalogue file")
+
+
+def _checked_catalog(path: str):
+    """The catalogue in `path`, or None once every problem is reported."""
+    from .catalog_file import CatalogError, load_catalog
+    from .observability.logging import log_startup_failure
+    from .startup import json_logs_requested
+
+    try:
+        return load_catalog(path)
+    except CatalogError as error:
+        problems = [f"{path}: {problem}" for problem in error.problems]
+        log_startup_failure(
+            "catalog_invalid", problems, exit_code=EXIT_CONFIG, hint=CATALOG_HINT, json=json_logs_requested(os.environ)
+        )
+        return None
+
+
+def _run_catalog_checksum(args: argparse.Namespace) -> int:
+    import hashlib
+
+    if _checked_catalog(args.file) is None:
+        return EXIT_CONFIG
+    with open(args.file, "rb") as file:
+        print(hashlib.sha256(file.read()).hexdigest())
+    return 0
+
+
+def _run_catalog_check(args: argparse.Namespace) -> int:
+    catalog = _checked_catalog(args.file)
+    if catalog is None:
+        return EXIT_CONFIG
+    print(
+        f"{args.file}: a valid catalogue: {len(catalog.names)} service types, {len(catalog.search_types)} of them"
+        f" search types, {len(catalog.all_purposes)} purposes, {len(catalog.models)} models"
+        f" ({len(catalog.pinned_models)} pinned)"
+    )
+    return 0
+
+
+def _run_catalog_show(args: argparse.Namespace) -> int:
+    from .catalog_file import render_catalog
+    from .observability.logging import log_startup_failure
+    from .startup import json_logs_requested
+
+    reading = Settings.read_environ(os.environ, check_secrets=False)
+    problems = [problem for problem in reading.problems if problem.startswith(_CATALOG_PROBLEM_PREFIXES)]
+    if problems:
+        log_startup_failure(
+            "catalog_invalid", problems, exit_code=EXIT_CONFIG, hint=CATALOG_HINT, json=json_logs_requested(os.environ)
+        )
+        return EXIT_CONFIG
+    source = os.environ.get("MLPA_CATALOG_FILE", "").strip() or "the built-in catalogue"
+    print(f"# The effective catalogue: {source}, with the environment's budget and capped-type variables applied.")
+    print(render_catalog(reading.settings.catalog), end="")
+    return 0
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
 from .gc_tuning import settle_heap_on_startup
 from .middlewares import add_security_headers, error_mapping, request_context
+from .models import RequestRules
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
@@ -78,6 +79,7 @@ def create_app(settings: Settings) -> web.Application:
     metrics = Metrics(
         CollectorRegistry(auto_describe=True),
         multiprocess=settings.observability.prometheus_multiproc_dir is not None,
+        catalog=settings.catalog,
     )
     app = web.Application(
         middlewares=[request_context, error_mapping],
@@ -98,6 +100,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics
+    app[keys.REQUEST_RULES] = RequestRules(settings.catalog)
     app[keys.STREAMS] = StreamTracker()
     app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     if settings.stream_limits.keepalive_seconds > 0:
@@ -201,6 +204,7 @@ async def _auth_context(app: web.Application) -> AsyncIterator[None]:
             dev_token=settings.auth.experimentation_token,
             app_attest=app[keys.APP_ATTEST],
             play_integrity=app[keys.PLAY_INTEGRITY],
+            dev_types=settings.catalog.dev_types,
         )
         yield
     finally:

@@ -1,20 +1,41 @@
 """The product catalogue: service types, their purposes, budget tiers, the known models and
 model pinning.
 
-These are facts of the wire contract (spec §2.2), not tunables; budget *values* can be
-overridden from the environment in `settings.py`.
+These are facts of the wire contract (spec §2.2). The built-in catalogue (`BUILTIN_CATALOG`)
+is the reference's; a deployment may replace it with a TOML file (`MLPA_CATALOG_FILE`,
+docs/catalog.md) read and checked by `catalog_file.py`, and the budget variables of
+`settings.py` apply on top of either. Nothing reads a module-level catalogue at run time:
+the effective one travels in the settings (`Settings.catalog`).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
+from typing import Iterable, Mapping
+
+# A model name the chat route accepts (`models.check_model_name`); a catalogue model must match it.
+MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
+
+# Service-type and purpose names: lowercase words joined by single hyphens. Header values
+# are trimmed and compared exactly, a service type ends a LiteLLM user id after a `:`, and
+# its `USER_FEATURE_BUDGET_<T>_*` infix turns `-` into `_`: this rule keeps all three safe.
+CATALOG_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+CATALOG_NAME_MAX_LENGTH = 64
+
+# The wire defaults: `/v1/search` assumes `search` when the header is absent, the mock
+# no-auth route `ai`; every catalogue must keep both.
+DEFAULT_SEARCH_SERVICE_TYPE = "search"
+DEFAULT_CHAT_SERVICE_TYPE = "ai"
 
 
 class ServiceType(enum.StrEnum):
-    """The thirteen service types, in the canonical order used in error messages."""
+    """The names of the built-in catalogue's thirteen service types, in its canonical order.
+
+    Run-time code handles service types as plain strings checked against the loaded
+    catalogue; these names are for code and tests that mean one built-in type."""
 
     AI = "ai"
     S2S = "s2s"
@@ -30,57 +51,17 @@ class ServiceType(enum.StrEnum):
     MOCHI_DEV = "mochi-dev"
     SEARCH_DEV = "search-dev"
 
-    @property
-    def is_dev(self) -> bool:
-        return self.value.endswith("-dev")
 
-    @property
-    def env_name(self) -> str:
-        """The infix of this type's `USER_FEATURE_BUDGET_<T>_*` variables."""
-        return self.value.upper().replace("-", "_")
-
-    @classmethod
-    def parse(cls, value: str) -> "ServiceType | None":
-        try:
-            return cls(value)
-        except ValueError:
-            return None
+def env_name(service_type: str) -> str:
+    """The infix of a type's `USER_FEATURE_BUDGET_<T>_*` variables."""
+    return service_type.upper().replace("-", "_")
 
 
-SEARCH_SERVICE_TYPES: tuple[ServiceType, ...] = (
-    ServiceType.SEARCH,
-    ServiceType.SEARCH_DEV,
-    ServiceType.AGENT_SEARCH,
-)
+def default_budget_id(service_type: str) -> str:
+    return f"end-user-budget-{service_type}"
 
-_AI_PURPOSES = (
-    "chat",
-    "title-generation",
-    "convo-starters-sidebar",
-    "smart-form-fill",
-    "aitab",
-    "auto-tab-grouping",
-)
 
-PURPOSES: Mapping[ServiceType, tuple[str, ...]] = MappingProxyType(
-    {
-        ServiceType.AI: _AI_PURPOSES,
-        ServiceType.S2S: (),
-        ServiceType.S2S_ANDROID: (),
-        ServiceType.MEMORIES: ("memory-generation",),
-        ServiceType.SEARCH: (),
-        ServiceType.ANSWER: (),
-        ServiceType.TELEMETRY: ("chat",),
-        ServiceType.AGENT: ("monitor", "research"),
-        ServiceType.AGENT_SEARCH: ("research",),
-        ServiceType.AI_DEV: _AI_PURPOSES,
-        ServiceType.MEMORIES_DEV: ("memory-generation",),
-        ServiceType.MOCHI_DEV: _AI_PURPOSES,
-        ServiceType.SEARCH_DEV: (),
-    }
-)
-
-ALL_PURPOSES: frozenset[str] = frozenset(p for ps in PURPOSES.values() for p in ps)
+DEFAULT_BUDGET_DURATION = "1d"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,55 +73,162 @@ class BudgetTier:
     budget_duration: str
 
 
-def _tier(st: ServiceType, max_budget: float, rpm: int, tpm: int, duration: str = "1d") -> BudgetTier:
-    return BudgetTier(f"end-user-budget-{st.value}", max_budget, rpm, tpm, duration)
+@dataclass(frozen=True, slots=True)
+class ServiceTypeEntry:
+    """One service type: the purposes it allows, its LiteLLM budget tier, and its roles."""
+
+    name: str
+    purposes: tuple[str, ...]
+    budget: BudgetTier
+    # Needs `x-dev-authorization` on every auth path (decision 11).
+    dev: bool = False
+    # Counts against the signup cap (MLPA_CAPPED_SERVICE_TYPES replaces the set).
+    capped: bool = False
 
 
-DEFAULT_BUDGETS: Mapping[ServiceType, BudgetTier] = MappingProxyType(
-    {
-        ServiceType.AI: _tier(ServiceType.AI, 0.1, 40, 2000),
-        ServiceType.S2S: _tier(ServiceType.S2S, 0.1, 40, 2000),
-        ServiceType.S2S_ANDROID: _tier(ServiceType.S2S_ANDROID, 0.1, 40, 2000),
-        ServiceType.MEMORIES: _tier(ServiceType.MEMORIES, 0.1, 10, 2000),
-        ServiceType.SEARCH: _tier(ServiceType.SEARCH, 0.01, 10, 2000),
-        ServiceType.ANSWER: _tier(ServiceType.ANSWER, 0.1, 10, 2000),
-        ServiceType.TELEMETRY: _tier(ServiceType.TELEMETRY, 0.1, 10, 2000),
-        ServiceType.AGENT: _tier(ServiceType.AGENT, 0.1, 10, 2000, "7d"),
-        ServiceType.AGENT_SEARCH: _tier(ServiceType.AGENT_SEARCH, 0.1, 10, 2000, "7d"),
-        ServiceType.AI_DEV: _tier(ServiceType.AI_DEV, 1.0, 200, 10000),
-        ServiceType.MEMORIES_DEV: _tier(ServiceType.MEMORIES_DEV, 1.0, 50, 5000),
-        ServiceType.MOCHI_DEV: _tier(ServiceType.MOCHI_DEV, 1.0, 200, 10000),
-        ServiceType.SEARCH_DEV: _tier(ServiceType.SEARCH_DEV, 1.0, 200, 10000),
-    }
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """A model the deployment serves; `pinned_to` non-empty: only with those service
+    types, and those types only with the models pinned to them (spec §2.2)."""
+
+    name: str
+    pinned_to: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """An immutable catalogue; the lookups every reader uses are computed once."""
+
+    service_types: tuple[ServiceTypeEntry, ...]
+    # The types `/v1/search` accepts (and documents), in the order its 400 names them.
+    search_types: tuple[str, ...]
+    models: tuple[ModelEntry, ...]
+    _by_name: Mapping[str, ServiceTypeEntry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", MappingProxyType({st.name: st for st in self.service_types}))
+
+    # -- service types ------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every service type, in the canonical order (error messages, docs)."""
+        return tuple(self._by_name)
+
+    def __contains__(self, service_type: object) -> bool:
+        return service_type in self._by_name
+
+    def entry(self, service_type: str) -> ServiceTypeEntry:
+        return self._by_name[service_type]
+
+    def purposes(self, service_type: str) -> tuple[str, ...]:
+        return self._by_name[service_type].purposes
+
+    @property
+    def all_purposes(self) -> tuple[str, ...]:
+        """Every purpose of any type, each once, in first-seen order."""
+        return tuple(dict.fromkeys(p for st in self.service_types for p in st.purposes))
+
+    @property
+    def dev_types(self) -> frozenset[str]:
+        return frozenset(st.name for st in self.service_types if st.dev)
+
+    @property
+    def capped_types(self) -> frozenset[str]:
+        return frozenset(st.name for st in self.service_types if st.capped)
+
+    @property
+    def budgets(self) -> Mapping[str, BudgetTier]:
+        return MappingProxyType({st.name: st.budget for st in self.service_types})
+
+    def service_type_list_text(self) -> str:
+        return ", ".join(self.names)
+
+    # -- models ---------------------------------------------------------------------------
+    @property
+    def known_models(self) -> frozenset[str]:
+        return frozenset(m.name for m in self.models)
+
+    @property
+    def pinned_models(self) -> Mapping[str, tuple[str, ...]]:
+        return MappingProxyType({m.name: m.pinned_to for m in self.models if m.pinned_to})
+
+    # -- the variables on top ---------------------------------------------------------------
+    def with_variables(self, budgets: Mapping[str, BudgetTier], capped: Iterable[str]) -> "Catalog":
+        """This catalogue with the budget tiers and the capped set the environment chose."""
+        capped_set = frozenset(capped)
+        return Catalog(
+            tuple(
+                replace(st, budget=budgets.get(st.name, st.budget), capped=st.name in capped_set)
+                for st in self.service_types
+            ),
+            self.search_types,
+            self.models,
+        )
+
+
+def _type(
+    name: str,
+    purposes: tuple[str, ...],
+    max_budget: float,
+    rpm: int,
+    tpm: int,
+    duration: str = DEFAULT_BUDGET_DURATION,
+    *,
+    capped: bool = False,
+) -> ServiceTypeEntry:
+    budget = BudgetTier(default_budget_id(name), max_budget, rpm, tpm, duration)
+    return ServiceTypeEntry(name, purposes, budget, dev=name.endswith("-dev"), capped=capped)
+
+
+_AI_PURPOSES = (
+    "chat",
+    "title-generation",
+    "convo-starters-sidebar",
+    "smart-form-fill",
+    "aitab",
+    "auto-tab-grouping",
+)
+_SEARCH_TYPES = (ServiceType.SEARCH.value, ServiceType.SEARCH_DEV.value, ServiceType.AGENT_SEARCH.value)
+
+# The reference's catalogue; config/catalog.toml spells out the same (a test keeps them equal).
+BUILTIN_CATALOG = Catalog(
+    service_types=(
+        _type("ai", _AI_PURPOSES, 0.1, 40, 2000, capped=True),
+        _type("s2s", (), 0.1, 40, 2000),
+        _type("s2s-android", (), 0.1, 40, 2000),
+        _type("memories", ("memory-generation",), 0.1, 10, 2000, capped=True),
+        _type("search", (), 0.01, 10, 2000),
+        _type("answer", (), 0.1, 10, 2000),
+        _type("telemetry", ("chat",), 0.1, 10, 2000),
+        _type("agent", ("monitor", "research"), 0.1, 10, 2000, "7d"),
+        _type("agent-search", ("research",), 0.1, 10, 2000, "7d"),
+        _type("ai-dev", _AI_PURPOSES, 1.0, 200, 10000),
+        _type("memories-dev", ("memory-generation",), 1.0, 50, 5000),
+        _type("mochi-dev", _AI_PURPOSES, 1.0, 200, 10000),
+        _type("search-dev", (), 1.0, 200, 10000),
+    ),
+    search_types=_SEARCH_TYPES,
+    # The models the deployment serves (spec §6): a metric's `model` label keeps only
+    # these, any other client-chosen name counts as "invalid". Requests naming another
+    # model are not refused for it here (LiteLLM decides what it serves).
+    models=(
+        ModelEntry("exa", pinned_to=(ServiceType.ANSWER.value,)),
+        ModelEntry("exa-search", pinned_to=_SEARCH_TYPES),
+        ModelEntry("gemini-2.5-flash-lite"),
+        ModelEntry("gemini-3.1-flash-lite"),
+        ModelEntry("gpt-oss-120b"),
+        ModelEntry("openai/gpt-4o"),
+        ModelEntry("mistral-small-2503"),
+        ModelEntry("mistral-small-2603"),
+        ModelEntry("moz-summarization"),
+        ModelEntry("qwen3-235b-a22b-instruct-2507-maas"),
+        ModelEntry("vertex_ai/mistral-small-2503"),
+    ),
 )
 
-# The models the deployment serves (spec §6): a metric's `model` label keeps only these, any
-# other client-chosen name counts as "invalid". Requests naming another model are not refused
-# for it here (LiteLLM decides what it serves).
-KNOWN_MODELS: frozenset[str] = frozenset(
-    {
-        "exa",
-        "exa-search",
-        "gemini-2.5-flash-lite",
-        "gemini-3.1-flash-lite",
-        "gpt-oss-120b",
-        "openai/gpt-4o",
-        "mistral-small-2503",
-        "mistral-small-2603",
-        "moz-summarization",
-        "qwen3-235b-a22b-instruct-2507-maas",
-        "vertex_ai/mistral-small-2503",
-    }
-)
-
-# Models that may only be used with the listed service types, and vice versa (spec §2.2).
-PINNED_MODELS: Mapping[str, tuple[ServiceType, ...]] = MappingProxyType(
-    {
-        "exa-search": SEARCH_SERVICE_TYPES,
-        "exa": (ServiceType.ANSWER,),
-    }
-)
+# The built-in catalogue's tiers by service type (for tests and the settings' defaults).
+DEFAULT_BUDGETS: Mapping[str, BudgetTier] = BUILTIN_CATALOG.budgets
 
 
-def service_type_list_text() -> str:
-    return ", ".join(st.value for st in ServiceType)
+def service_type_list_text(catalog: Catalog = BUILTIN_CATALOG) -> str:
+    return catalog.service_type_list_text()

@@ -12,6 +12,7 @@ from aiohttp import web
 from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
+from .models import RequestRules
 from .observability.metrics import Metrics
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
@@ -26,6 +27,8 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
 STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
+# The loaded catalogue's header models and checks (Settings.catalog).
+REQUEST_RULES = web.AppKey("request_rules", RequestRules)
 # Only present when STREAM_KEEPALIVE_SECONDS > 0.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from . import keys
 from .errors import ApiError, PayloadTooLarge
-from .observability.labels import clamp_method, clamp_purpose, clamp_service_type, major_firefox_version
+from .observability.labels import clamp_method, major_firefox_version
 from .relay.disconnect import client_hung_up
 
 log = structlog.get_logger("mlpa_aiohttp.request")
@@ -83,8 +83,8 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             metrics.requests.labels(
                 method,
                 route,
-                clamp_service_type(headers.get("service-type")),
-                clamp_purpose(headers.get("purpose", "").strip()),
+                metrics.labels.service_type(headers.get("service-type")),
+                metrics.labels.purpose(headers.get("purpose", "").strip()),
                 major_firefox_version(headers.get("user-agent")),
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
@@ -169,11 +169,12 @@ def _allow_header(exc: web.HTTPException) -> dict[str, str]:
 def _record_oversized(request: web.Request) -> None:
     log.warning("request_too_large", content_length=request.content_length)
     if request.path == CHAT_PATH:
-        request.app[keys.METRICS].chat_availability(
+        metrics = request.app[keys.METRICS]
+        metrics.chat_availability(
             "payload_too_large",
             model=None,
-            service_type=clamp_service_type(request.headers.get("service-type")),
-            purpose=clamp_purpose(request.headers.get("purpose", "").strip()),
+            service_type=metrics.labels.service_type(request.headers.get("service-type")),
+            purpose=metrics.labels.purpose(request.headers.get("purpose", "").strip()),
         )
 
 

@@ -9,17 +9,17 @@ for chat that is the parameter allowlist of spec §4.1.
 
 from __future__ import annotations
 
-import re
+import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
+from .catalog import BUILTIN_CATALOG, DEFAULT_CHAT_SERVICE_TYPE, DEFAULT_SEARCH_SERVICE_TYPE, MODEL_NAME, Catalog
 from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel
 from .validation import HEADER, QUERY, Model, Problem, validate, validate_json_body
 
-MODEL_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9./_-]{0,62}[a-z0-9])?$")
+__all__ = ["MODEL_NAME"]
 
 _JSON_BODY = ConfigDict(strict=True, extra="ignore", frozen=True)
 # Header and query values arrive as text: lax, so pydantic parses "true" or "12".
@@ -31,24 +31,20 @@ _TEXT_VALUES = ConfigDict(extra="ignore", frozen=True)
 
 class ProxyHeaders(BaseModel):
     """The headers the proxy routes understand (spec §1.1); service-type is required.
-    Declaration order is the order of the 422 items."""
+    Declaration order is the order of the 422 items. `service_type` is an enum of the
+    loaded catalogue's names in the models `RequestRules` builds (a 422 `enum` item lists
+    them); this base only declares its place."""
 
     model_config = _TEXT_VALUES
 
     # repr=False: credentials never reach a log line or an error report.
     authorization: str = Field(repr=False)
-    service_type: ServiceType = Field(alias="service-type")
+    service_type: str = Field(alias="service-type")
     use_app_attest: bool = Field(False, alias="use-app-attest")
     use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
     use_play_integrity: bool = Field(False, alias="use-play-integrity")
     purpose: str = ""
     dev_authorization: str | None = Field(None, alias="x-dev-authorization", repr=False)
-
-
-class SearchHeaders(ProxyHeaders):
-    """`/v1/search`: service-type defaults to `search`."""
-
-    service_type: ServiceType = Field(ServiceType.SEARCH, alias="service-type")
 
 
 class AttestHeaders(BaseModel):
@@ -66,30 +62,115 @@ class MockNoAuthHeaders(BaseModel):
     model_config = _TEXT_VALUES
 
     authorization: str = Field(repr=False)
-    service_type: ServiceType = Field(ServiceType.AI, alias="service-type")
+    service_type: str = Field(DEFAULT_CHAT_SERVICE_TYPE, alias="service-type")
 
 
-_HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {
-    model: tuple(info.alias or name for name, info in model.model_fields.items())
-    for model in (ProxyHeaders, SearchHeaders, AttestHeaders, MockNoAuthHeaders)
-}
+def _names_of(model: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(info.alias or name for name, info in model.model_fields.items())
+
+
+_HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {AttestHeaders: _names_of(AttestHeaders)}
 
 
 def _header_values(model: type[BaseModel], headers: Mapping[str, str]) -> dict[str, str]:
     """The model's headers only (first value of each): the validator never sees the rest."""
-    return {name: headers[name] for name in _HEADER_NAMES[model] if name in headers}
-_PROXY_HEADER_SETS: dict[ServiceType | None, type[ProxyHeaders]] = {None: ProxyHeaders, ServiceType.SEARCH: SearchHeaders}
+    names = _HEADER_NAMES.get(model) or _names_of(model)
+    return {name: headers[name] for name in names if name in headers}
 
 
 def parse_headers(model: type[Model], headers: Mapping[str, str], problems: list[Problem]) -> Model | None:
     return validate(model, _header_values(model, headers), HEADER, problems)
 
 
-def parse_proxy_headers(
-    headers: Mapping[str, str], errors: list[Problem], *, default_service_type: ServiceType | None
-) -> ProxyHeaders | None:
-    """The proxy header set; `default_service_type` is None (required) or `search`."""
-    return parse_headers(_PROXY_HEADER_SETS[default_service_type], headers, errors)
+class RequestRules:
+    """The catalogue's rules for requests: the header models whose service-type is an
+    enum of its names, and the model, purpose and search checks. One per app (built from
+    `Settings.catalog`), never mutated."""
+
+    def __init__(self, catalog: Catalog = BUILTIN_CATALOG) -> None:
+        self.catalog = catalog
+        names = enum.StrEnum("ServiceType", {name: name for name in catalog.names})  # type: ignore[misc]
+        self.proxy_headers: type[ProxyHeaders] = create_model(
+            "ProxyHeaders", __base__=ProxyHeaders, service_type=(names, Field(alias="service-type"))
+        )
+        # `/v1/search`: service-type defaults to `search`.
+        self.search_headers: type[ProxyHeaders] = create_model(
+            "SearchHeaders",
+            __base__=ProxyHeaders,
+            service_type=(names, Field(names(DEFAULT_SEARCH_SERVICE_TYPE), alias="service-type")),
+        )
+        self.mock_no_auth_headers: type[MockNoAuthHeaders] = create_model(
+            "MockNoAuthHeaders",
+            __base__=MockNoAuthHeaders,
+            service_type=(names, Field(names(DEFAULT_CHAT_SERVICE_TYPE), alias="service-type")),
+        )
+        self._header_names = {
+            model: _names_of(model) for model in (self.proxy_headers, self.search_headers, self.mock_no_auth_headers)
+        }
+        self._pinned = catalog.pinned_models
+        self._search_types = catalog.search_types
+
+    def parse_headers(self, model: type[Model], headers: Mapping[str, str], problems: list[Problem]) -> Model | None:
+        names = self._header_names[model]
+        return validate(model, {name: headers[name] for name in names if name in headers}, HEADER, problems)
+
+    def parse_proxy_headers(
+        self, headers: Mapping[str, str], errors: list[Problem], *, search: bool = False
+    ) -> ProxyHeaders | None:
+        """The proxy header set; service-type is required, or defaults to `search` (`search=True`)."""
+        return self.parse_headers(self.search_headers if search else self.proxy_headers, headers, errors)
+
+    def parse_chat(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, "ChatRequest"]:
+        """Validate headers and body together (one 422 listing every problem)."""
+        errors: list[Problem] = []
+        proxy_headers = self.parse_proxy_headers(headers, errors)
+        chat = parse_chat_body(raw, errors)
+        if errors or proxy_headers is None or chat is None:
+            raise RequestInvalid(errors)
+        return proxy_headers, chat
+
+    def parse_search(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, "SearchRequest"]:
+        errors: list[Problem] = []
+        proxy_headers = self.parse_proxy_headers(headers, errors, search=True)
+        search = validate_json_body(SearchRequest, raw, errors)
+        if errors or proxy_headers is None or search is None:
+            raise RequestInvalid(errors)
+        return proxy_headers, search
+
+    def check_model_service_type(self, model: str, service_type: str) -> None:
+        allowed = self._pinned.get(model)
+        if allowed is not None:
+            if service_type not in allowed:
+                raise ServiceTypeNotForModel(
+                    f"Invalid service-type value for model {model}. Should be one of {list(allowed)}"
+                )
+            return
+        pinned_models = [m for m, types in self._pinned.items() if service_type in types]
+        if pinned_models:
+            raise ServiceTypeNotForModel(
+                f"Invalid service-type value {service_type} for model {model}. "
+                f"Service type {service_type} is only valid for models {pinned_models}"
+            )
+
+    def resolve_purpose(self, raw: str, service_type: str, *, required: bool) -> str:
+        """The trimmed purpose, validated against the service type's list (spec §2.2)."""
+        purpose = raw.strip()
+        allowed = self.catalog.purposes(service_type)
+        if purpose:
+            if purpose not in allowed:
+                raise BadRequest(
+                    f"Invalid header 'purpose' for service-type '{service_type}'. Valid values: {', '.join(allowed)}"
+                )
+            return purpose
+        if required and allowed:
+            raise BadRequest(
+                f"Header 'purpose' is required for service-type '{service_type}'. Valid values: {', '.join(allowed)}"
+            )
+        return ""
+
+    def check_search_service_type(self, service_type: str) -> None:
+        if service_type not in self._search_types:
+            raise BadRequest(f"service-type header must be one of {list(self._search_types)}")
 
 
 # -- chat -------------------------------------------------------------------------------
@@ -150,16 +231,6 @@ class ChatRequest:
         return bool(self.fields.get("tools"))
 
 
-def parse_chat(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, ChatRequest]:
-    """Validate headers and body together (one 422 listing every problem)."""
-    errors: list[Problem] = []
-    proxy_headers = parse_proxy_headers(headers, errors, default_service_type=None)
-    chat = parse_chat_body(raw, errors)
-    if errors or proxy_headers is None or chat is None:
-        raise RequestInvalid(errors)
-    return proxy_headers, chat
-
-
 def parse_chat_body(raw: bytes, errors: list[Problem]) -> ChatRequest | None:
     """The body alone; problems are appended to `errors` (the caller raises the 422)."""
     body = validate_json_body(ChatBody, raw, errors)
@@ -175,39 +246,6 @@ def check_model_name(model: str) -> None:
         raise InvalidModelName()
 
 
-def check_model_service_type(model: str, service_type: ServiceType) -> None:
-    allowed = PINNED_MODELS.get(model)
-    if allowed is not None:
-        if service_type not in allowed:
-            raise ServiceTypeNotForModel(
-                f"Invalid service-type value for model {model}. Should be one of {[st.value for st in allowed]}"
-            )
-        return
-    pinned_models = [m for m, types in PINNED_MODELS.items() if service_type in types]
-    if pinned_models:
-        raise ServiceTypeNotForModel(
-            f"Invalid service-type value {service_type.value} for model {model}. "
-            f"Service type {service_type.value} is only valid for models {pinned_models}"
-        )
-
-
-def resolve_purpose(raw: str, service_type: ServiceType, *, required: bool) -> str:
-    """The trimmed purpose, validated against the service type's list (spec §2.2)."""
-    purpose = raw.strip()
-    allowed = PURPOSES[service_type]
-    if purpose:
-        if purpose not in allowed:
-            raise BadRequest(
-                f"Invalid header 'purpose' for service-type '{service_type.value}'. Valid values: {', '.join(allowed)}"
-            )
-        return purpose
-    if required and allowed:
-        raise BadRequest(
-            f"Header 'purpose' is required for service-type '{service_type.value}'. Valid values: {', '.join(allowed)}"
-        )
-    return ""
-
-
 # -- search -----------------------------------------------------------------------------
 
 
@@ -218,20 +256,6 @@ class SearchRequest(BaseModel):
 
     query: str
     max_results: int = Field(ge=1, le=10)
-
-
-def parse_search(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, SearchRequest]:
-    errors: list[Problem] = []
-    proxy_headers = parse_proxy_headers(headers, errors, default_service_type=ServiceType.SEARCH)
-    search = validate_json_body(SearchRequest, raw, errors)
-    if errors or proxy_headers is None or search is None:
-        raise RequestInvalid(errors)
-    return proxy_headers, search
-
-
-def check_search_service_type(service_type: ServiceType) -> None:
-    if service_type not in SEARCH_SERVICE_TYPES:
-        raise BadRequest(f"service-type header must be one of {[st.value for st in SEARCH_SERVICE_TYPES]}")
 
 
 # -- /verify -------------------------------------------------------------------------------
@@ -284,3 +308,16 @@ class BudgetUpdate(BaseModel):
 def parse_query(model: type[Model], query: Mapping[str, str], problems: list[Problem]) -> Model | None:
     """The model's query parameters only (first value of each)."""
     return validate(model, {name: query[name] for name in model.model_fields if name in query}, QUERY, problems)
+
+
+# The built-in catalogue's rules, for tools and tests that parse without an app; the routes
+# use their app's `RequestRules` (keys.REQUEST_RULES), built from the loaded catalogue.
+BUILTIN_RULES = RequestRules(BUILTIN_CATALOG)
+
+
+def parse_chat(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, ChatRequest]:
+    return BUILTIN_RULES.parse_chat(raw, headers)
+
+
+def parse_search(raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, SearchRequest]:
+    return BUILTIN_RULES.parse_search(raw, headers)

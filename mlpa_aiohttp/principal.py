@@ -5,8 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .catalog import ServiceType
-
 
 class AuthMethod(enum.StrEnum):
     FXA = "fxa"
@@ -18,11 +16,12 @@ class AuthMethod(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Principal:
     base_identity: str
-    service_type: ServiceType
+    # A name of the loaded catalogue (validated with the headers).
+    service_type: str
     purpose: str
     method: AuthMethod
 
     @property
     def user_id(self) -> str:
         """The LiteLLM end-user id: every method shares the `uid:service_type` namespace."""
-        return f"{self.base_identity}:{self.service_type.value}"
+        return f"{self.base_identity}:{self.service_type}"

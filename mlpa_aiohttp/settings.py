@@ -19,7 +19,8 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
 
-from .catalog import DEFAULT_BUDGETS, BudgetTier, ServiceType
+from .catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
+from .catalog_file import CatalogError, load_catalog
 from .client_sockets import DeadPeerOptions
 from .settings_compat import with_reference_aliases
 
@@ -51,6 +52,9 @@ class _Env:
         # Every invalid value is recorded and replaced by its default, so that reading
         # goes on and one error can list them all.
         self.problems: list[str] = []
+        # The effective catalogue once `Settings.catalog` is read: the capped-type reader
+        # of the signup-cap section, read after it, takes its set from there.
+        self.catalog: Catalog = BUILTIN_CATALOG
 
     def problem(self, message: str) -> None:
         self.problems.append(message)
@@ -198,26 +202,26 @@ def _fxa_scopes(env: _Env, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*default, *(scope for scope in extra if scope))))
 
 
-def _capped_service_types(env: _Env, default: frozenset[ServiceType]) -> frozenset[ServiceType]:
-    """MLPA_CAPPED_SERVICE_TYPES: service type names; each unknown one is a problem."""
+def _capped_service_types(env: _Env, catalog: Catalog) -> frozenset[str]:
+    """MLPA_CAPPED_SERVICE_TYPES: service type names; each unknown one is a problem. Unset:
+    the catalogue's `capped` types."""
     names = env.str_set("MLPA_CAPPED_SERVICE_TYPES", None)
     if names is None:
-        return default
+        return catalog.capped_types
     capped = set()
     for name in names:
-        service_type = ServiceType.parse(name)
-        if service_type is None:
+        if name not in catalog:
             env.problem(f"MLPA_CAPPED_SERVICE_TYPES: unknown service type {name!r}")
             continue
-        capped.add(service_type)
+        capped.add(name)
     return frozenset(capped)
 
 
-def _budgets(env: _Env, default: Mapping[ServiceType, BudgetTier]) -> Mapping[ServiceType, BudgetTier]:
-    """USER_FEATURE_BUDGET_<SERVICE TYPE>_<FIELD> for each tier of the catalog."""
+def _budgets(env: _Env, catalog: Catalog) -> Mapping[str, BudgetTier]:
+    """USER_FEATURE_BUDGET_<SERVICE TYPE>_<FIELD> on top of each tier of the catalogue."""
     tiers = {}
-    for service_type, tier in default.items():
-        prefix = f"USER_FEATURE_BUDGET_{service_type.env_name}_"
+    for service_type, tier in catalog.budgets.items():
+        prefix = f"USER_FEATURE_BUDGET_{env_name(service_type)}_"
         tiers[service_type] = BudgetTier(
             budget_id=env.str(prefix + "BUDGET_ID", tier.budget_id),
             max_budget=env.float(prefix + "MAX_BUDGET", tier.max_budget, minimum=0.0),
@@ -226,6 +230,37 @@ def _budgets(env: _Env, default: Mapping[ServiceType, BudgetTier]) -> Mapping[Se
             budget_duration=env.str(prefix + "BUDGET_DURATION", tier.budget_duration),
         )
     return MappingProxyType(tiers)
+
+
+def catalog_file_path(environ: Mapping[str, str]) -> str | None:
+    """MLPA_CATALOG_FILE as `Settings.catalog` reads it; none for the built-in catalogue."""
+    return _Env(environ).optional_str("MLPA_CATALOG_FILE")
+
+
+def catalog_file_problem(path: str, problem: str) -> str:
+    """A problem of the catalogue file at `path`, as every report of it reads."""
+    return f"MLPA_CATALOG_FILE ({path}): {problem}"
+
+
+def _catalog(env: _Env, default: Catalog) -> Catalog:
+    """The catalogue of MLPA_CATALOG_FILE (the built-in one when unset), with the budget
+    and capped-type variables applied: the one every reader of the catalogue uses."""
+    path = env.optional_str("MLPA_CATALOG_FILE")
+    catalog = default
+    if path is not None:
+        try:
+            catalog = load_catalog(path)
+        except CatalogError as error:
+            for problem in error.problems:
+                env.problem(catalog_file_problem(path, problem))
+    effective = catalog.with_variables(_budgets(env, catalog), _capped_service_types(env, catalog))
+    env.catalog = effective
+    return effective
+
+
+def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
+    """The capped set `Settings.catalog` settled on (read before this section)."""
+    return env.catalog.capped_types
 
 
 # --- the sections ---------------------------------------------------------------------------
@@ -336,8 +371,9 @@ class AuthSettings:
 class SignupCapSettings:
     enforce: bool = variable("MLPA_ENFORCE_SIGNIN_CAP", False)
     max_signed_in_users: int = variable("MLPA_MAX_SIGNED_IN_USERS", 1_000_000, minimum=0)
-    capped_service_types: frozenset[ServiceType] = derived(
-        _capped_service_types, default=frozenset({ServiceType.AI, ServiceType.MEMORIES})
+    # MLPA_CAPPED_SERVICE_TYPES, else the catalogue's capped types (read with `Settings.catalog`).
+    capped_service_types: frozenset[str] = derived(
+        _catalog_capped_types, default=frozenset({ServiceType.AI.value, ServiceType.MEMORIES.value})
     )
     admission_lock_timeout_ms: int = variable("MLPA_ADMISSION_LOCK_TIMEOUT_MS", 5000, minimum=1)
 
@@ -422,7 +458,8 @@ class Settings:
     completion: CompletionDefaults = CompletionDefaults()
     fxa: FxASettings = FxASettings()
     auth: AuthSettings = AuthSettings()
-    budgets: Mapping[ServiceType, BudgetTier] = derived(_budgets, default_factory=lambda: DEFAULT_BUDGETS)
+    # Before `signup_cap`, whose capped types it settles (`_Env.catalog`).
+    catalog: Catalog = derived(_catalog, default=BUILTIN_CATALOG)
     signup_cap: SignupCapSettings = SignupCapSettings()
     store: str = variable("MLPA_STORE", "postgres", choices=("postgres", "memory"))
     postgres: PostgresSettings = PostgresSettings()
@@ -430,6 +467,11 @@ class Settings:
     play: PlaySettings = PlaySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
+
+    @property
+    def budgets(self) -> Mapping[str, BudgetTier]:
+        """Each service type's budget tier, the variables applied (`catalog`'s)."""
+        return self.catalog.budgets
 
     def secret_values(self) -> tuple[str, ...]:
         """The value of every field declared with `secret(...)`, for the log and Sentry
@@ -490,10 +532,10 @@ def _read_section(
         kind = hints[spec.name]
         if spec.name in values:
             continue
-        if is_dataclass(kind):
-            values[spec.name] = _read_section(env, kind, defaults)  # type: ignore[arg-type]
-        elif _VARIABLE in spec.metadata:
+        if _VARIABLE in spec.metadata:  # first: a derived value may be a dataclass (the catalogue)
             values[spec.name] = _read_variable(env, spec, kind, defaults, values)
+        elif is_dataclass(kind):
+            values[spec.name] = _read_section(env, kind, defaults)  # type: ignore[arg-type]
     return section(**values)
 
 
@@ -528,19 +570,20 @@ def _read_variable(
 def _variables(section: type) -> Iterator[tuple[Field[Any], Variable]]:
     hints = get_type_hints(section)
     for spec in fields(section):
-        if is_dataclass(hints[spec.name]):
-            yield from _variables(hints[spec.name])
-        elif _VARIABLE in spec.metadata:
+        if _VARIABLE in spec.metadata:
             yield spec, spec.metadata[_VARIABLE]
+        elif is_dataclass(hints[spec.name]):
+            yield from _variables(hints[spec.name])
 
 
 def _secret_values(section: Any) -> Iterator[str]:
     for spec in fields(section):
         value = getattr(section, spec.name)
-        if is_dataclass(value):
+        if _VARIABLE in spec.metadata:
+            if not spec.repr:  # `secret(...)` fields only
+                yield value
+        elif is_dataclass(value):
             yield from _secret_values(value)
-        elif _VARIABLE in spec.metadata and not spec.repr:  # `secret(...)` fields only
-            yield value
 
 
 # Secrets whose documented defaults must never reach production (decision 13).

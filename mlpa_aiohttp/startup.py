@@ -26,6 +26,7 @@ DATABASE_HINT = (
     "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME; "
     "`python -m mlpa_aiohttp migrate` creates the app database and its tables"
 )
+CATALOG_FILE_HINT = "; docs/catalog.md describes the catalogue file (`python -m mlpa_aiohttp catalog check FILE`)"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -39,11 +40,14 @@ def report_config_error(
     problems: SettingsError | Sequence[str], environ: Mapping[str, str], *, exit_code: int = EXIT_CONFIG
 ) -> int:
     listed = problems.problems if isinstance(problems, SettingsError) else tuple(problems)
+    hint = CONFIG_HINT
+    if any(problem.startswith("MLPA_CATALOG_FILE") for problem in listed):
+        hint += CATALOG_FILE_HINT
     log_startup_failure(
         "configuration_error",
         listed,
         exit_code=exit_code,
-        hint=CONFIG_HINT,
+        hint=hint,
         json=json_logs_requested(environ),
         unknown_variables=unknown_variable_notes(environ, variable_names()),
     )

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import structlog
 
+from ..catalog import BUILTIN_CATALOG
 from ..errors import AuthRejected
 from ..models import ProxyHeaders
 from ..observability.metrics import Metrics
@@ -50,8 +51,11 @@ class Authenticator:
         dev_token: str,
         app_attest: DeviceAuthenticator | None = None,
         play_integrity: DeviceAuthenticator | None = None,
+        dev_types: frozenset[str] = BUILTIN_CATALOG.dev_types,
     ) -> None:
         self._fxa = fxa
+        # The catalogue's dev types: the experimentation token on every path (decision 11).
+        self._dev_types = dev_types
         self._metrics = metrics
         self._dev_token = dev_token.encode()
         self.app_attest = app_attest
@@ -64,13 +68,13 @@ class Authenticator:
     async def authenticate(self, headers: ProxyHeaders, purpose: str, raw_body: bytes) -> Principal:
         if not headers.authorization:
             raise AuthRejected(MISSING_AUTHORIZATION)
-        service_type = headers.service_type
+        service_type = str(headers.service_type)
         if headers.use_app_attest:
             return await self._device(self.app_attest, AuthMethod.APP_ATTEST, headers, purpose, raw_body)
         if headers.use_play_integrity:
             return await self._device(self.play_integrity, AuthMethod.PLAY_INTEGRITY, headers, purpose, raw_body)
         method = AuthMethod.FXA
-        if service_type.is_dev:
+        if service_type in self._dev_types:
             self._check_dev_key(headers)
             method = AuthMethod.DEV
         uid = await self._verify_fxa(bearer_token(headers.authorization))
@@ -88,11 +92,11 @@ class Authenticator:
             raise AuthRejected(f"{method.value} authentication is not enabled")
         self._check_dev_key(headers)
         uid = await authenticator.base_identity(headers, raw_body)
-        return Principal(uid, headers.service_type, purpose, method)
+        return Principal(uid, str(headers.service_type), purpose, method)
 
     def _check_dev_key(self, headers: ProxyHeaders) -> None:
         """Dev tiers need the experimentation token on every path (decision 11)."""
-        if not headers.service_type.is_dev:
+        if headers.service_type not in self._dev_types:
             return
         if headers.dev_authorization is None:
             raise AuthRejected(DEV_HEADER_REQUIRED)

@@ -1,12 +1,14 @@
-"""Bounded label values: every client-supplied metric label is clamped (spec §6)."""
+"""Bounded label values: every client-supplied metric label is clamped (spec §6).
+
+The service-type, purpose and model labels keep the loaded catalogue's names only
+(`LabelBounds`, one per app's `Metrics`), so a label set is as bounded as the catalogue."""
 
 from __future__ import annotations
 
 import re
 
-from ..catalog import ALL_PURPOSES, KNOWN_MODELS, ServiceType
+from ..catalog import BUILTIN_CATALOG, Catalog
 
-_SERVICE_TYPES = frozenset(st.value for st in ServiceType)
 _METHODS = frozenset({"DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT"})
 _FIREFOX_VERSION = re.compile(r".*?Firefox/(\d+)\.\d+")
 
@@ -26,20 +28,28 @@ COUNTRY_CODES = frozenset(
 )
 
 
-def clamp_model(model: str | None) -> str:
-    return model if model in KNOWN_MODELS else "invalid"
+class LabelBounds:
+    """The catalogue's names as label values; anything else is one fixed value."""
 
+    __slots__ = ("_models", "_service_types", "_purposes")
 
-def clamp_service_type(value: str | None) -> str:
-    if not value:
-        return ""
-    return value if value in _SERVICE_TYPES else "other"
+    def __init__(self, catalog: Catalog = BUILTIN_CATALOG) -> None:
+        self._models = catalog.known_models
+        self._service_types = frozenset(catalog.names)
+        self._purposes = frozenset(catalog.all_purposes)
 
+    def model(self, model: str | None) -> str:
+        return model if model in self._models else "invalid"
 
-def clamp_purpose(value: str | None) -> str:
-    if not value:
-        return ""
-    return value if value in ALL_PURPOSES else "other"
+    def service_type(self, value: str | None) -> str:
+        if not value:
+            return ""
+        return value if value in self._service_types else "other"
+
+    def purpose(self, value: str | None) -> str:
+        if not value:
+            return ""
+        return value if value in self._purposes else "other"
 
 
 def clamp_method(value: str) -> str:

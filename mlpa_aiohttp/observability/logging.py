@@ -172,29 +172,50 @@ def log_startup_failure(
 ) -> None:
     """One message for a process that cannot start: every problem, the exit status and
     what to do, and the environment's names the service does not read (a misspelling is
-    often why a variable reads as "not set"), without a traceback. Written directly (it
-    may run before `configure_logging`, or in gunicorn's master) in the shape of every
-    other line."""
+    often why a variable reads as "not set"), without a traceback."""
+    log_problems(
+        event, problems, level="critical", outcome=f"exit status {exit_code}", hint=hint, json=json,
+        fields={"exit_code": exit_code}, unknown_variables=unknown_variables, stream=stream,
+    )
+
+
+def log_problems(
+    event: str,
+    problems: Sequence[str],
+    *,
+    level: str,
+    outcome: str,
+    hint: str,
+    json: bool,
+    fields: dict[str, Any] | None = None,
+    unknown_variables: Sequence[str] = (),
+    logger: str = "mlpa_aiohttp.startup",
+    stream: TextIO | None = None,
+) -> None:
+    """Every problem of a configuration in one message, what came of it (`outcome`), the
+    environment's names the service does not read, and what to do. Written directly (it may
+    run before `configure_logging`, or in gunicorn's master) in the shape of every other line."""
     out = stream if stream is not None else sys.stderr
+    shown_level = level.upper()
     if json:
         record: dict[str, Any] = {"event": event, "problems": list(problems)}
         if unknown_variables:
             record["unknown_variables"] = list(unknown_variables)
         record.update(
             {
-                "exit_code": exit_code,
+                **(fields or {}),
                 "hint": hint,
-                "level": "critical",
-                "logger": "mlpa_aiohttp.startup",
+                "level": level.lower(),
+                "logger": logger,
                 "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
             }
         )
         text = jsonlib.dumps(record)
     elif len(problems) == 1 and not unknown_variables:
-        text = f"{'CRITICAL':<8} {event}: {problems[0]} (exit status {exit_code}; {hint})"
+        text = f"{shown_level:<8} {event}: {problems[0]} ({outcome}; {hint})"
     else:
         counted = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
-        lines = [f"{'CRITICAL':<8} {event}: {counted}, exit status {exit_code}"]
+        lines = [f"{shown_level:<8} {event}: {counted}, {outcome}"]
         lines += [f"  - {problem}" for problem in problems]
         if unknown_variables:
             lines.append("  set, but not variables this service reads:")

@@ -12,7 +12,8 @@ from typing import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
 
-from .labels import clamp_model, clamp_purpose, clamp_service_type
+from ..catalog import BUILTIN_CATALOG, Catalog
+from .labels import LabelBounds
 from .runtime_metrics import GCPauses, WorkerGCCounters, register_multiprocess, register_single_process
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -56,10 +57,14 @@ _ROUTED = ("requested_model", "backend", "service_type", "purpose")
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, *, multiprocess: bool = False) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, multiprocess: bool = False, catalog: Catalog = BUILTIN_CATALOG
+    ) -> None:
         """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
-        GC series are then per worker (observability/runtime_metrics.py)."""
+        GC series are then per worker (observability/runtime_metrics.py). `catalog` bounds
+        the service-type, purpose and model labels (`labels`)."""
         self.registry = registry
+        self.labels = LabelBounds(catalog)
         # Installed in gc.callbacks for the app's life (app.py, `_worker_gc_metrics_context`).
         self.gc_pauses = GCPauses()
         self.gc_counters = WorkerGCCounters(self.gc_pauses) if multiprocess else None
@@ -216,14 +221,14 @@ class Metrics:
         self.availability.labels(
             AVAILABILITY_OUTCOME[reason],
             reason,
-            clamp_model(model),
-            clamp_service_type(service_type),
-            clamp_purpose(purpose),
+            self.labels.model(model),
+            self.labels.service_type(service_type),
+            self.labels.purpose(purpose),
         ).inc()
 
     def chat_rejection(self, reason: str, *, model: str | None, service_type: str, purpose: str) -> None:
         self.chat_rejections.labels(
-            reason, clamp_model(model), clamp_service_type(service_type), clamp_purpose(purpose)
+            reason, self.labels.model(model), self.labels.service_type(service_type), self.labels.purpose(purpose)
         ).inc()
 
 

@@ -1,9 +1,10 @@
 """The OpenAPI 3.1 document of the service, built from the same catalogue the code uses
-(service types, purposes, chat fields, error codes), so the docs cannot drift from them.
+(the loaded one's service types and purposes; chat fields, error codes), so the docs
+cannot drift from them.
 
 It documents the bodies clients really receive (spec §1.1, §11.11): `{"detail": ...}` for
 most errors, the 422 list shape, the bare `{"error": 3}` 413 of the chat route, and the SSE
-frames a stream may end with. `build_document(mock_routes=...)` includes `/mock/*` only
+frames a stream may end with. `build_document(mock_routes=..., catalog=...)` includes `/mock/*` only
 when they are mounted.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
-from ..catalog import PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
+from ..catalog import BUILTIN_CATALOG, DEFAULT_CHAT_SERVICE_TYPE, DEFAULT_SEARCH_SERVICE_TYPE, Catalog
 from ..errors import (
     CODE_BUDGET_EXCEEDED,
     CODE_INVALID_MODEL_NAME,
@@ -31,10 +32,11 @@ from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
 Schema = dict[str, Any]
 
-# The docs offer search types only on search and the other ten only on chat (spec §1.10);
-# at runtime both routes accept all thirteen.
-CHAT_DOC_SERVICE_TYPES = tuple(st.value for st in ServiceType if st not in SEARCH_SERVICE_TYPES)
-SEARCH_DOC_SERVICE_TYPES = tuple(st.value for st in SEARCH_SERVICE_TYPES)
+
+def chat_doc_service_types(catalog: Catalog) -> tuple[str, ...]:
+    """The docs offer search types only on search and the others only on chat (spec §1.10);
+    at runtime both routes accept every type of the catalogue."""
+    return tuple(name for name in catalog.names if name not in catalog.search_types)
 
 ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_BUDGET_EXCEEDED}: budget exceeded (429, `Retry-After: 86400`)
@@ -100,18 +102,11 @@ _RETRY_AFTER = {
 }
 
 
-def _all_purposes() -> list[str]:
-    seen: list[str] = []
-    for purposes in PURPOSES.values():
-        seen.extend(p for p in purposes if p not in seen)
-    return seen
-
-
-def _proxy_headers(service_types: tuple[str, ...], *, default: str | None) -> list[Schema]:
+def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default: str | None) -> list[Schema]:
     service_type: Schema = {"type": "string", "enum": list(service_types)}
     if default is not None:
         service_type["default"] = default
-    purposes = "; ".join(f"`{st.value}`: {', '.join(PURPOSES[st]) or '(none)'}" for st in ServiceType)
+    purposes = "; ".join(f"`{st}`: {', '.join(catalog.purposes(st)) or '(none)'}" for st in catalog.names)
     return [
         _header(
             "service-type",
@@ -124,7 +119,7 @@ def _proxy_headers(service_types: tuple[str, ...], *, default: str | None) -> li
             "purpose",
             "What the request is for, validated per service type (optional unless "
             f"`MLPA_REQUIRE_PURPOSE_HEADER=true`). Allowed values: {purposes}.",
-            {"type": "string", "enum": _all_purposes()},
+            {"type": "string", "enum": list(catalog.all_purposes)},
         ),
         _header(
             "x-dev-authorization",
@@ -238,8 +233,8 @@ def _chat_operation(summary: str, description: str, headers: list[Schema], *, ba
     }
 
 
-def _usage_operation() -> Schema:
-    headers = [h for h in _proxy_headers(tuple(st.value for st in ServiceType), default=None) if h["name"] != "X-Geo-Country"]
+def _usage_operation(catalog: Catalog) -> Schema:
+    headers = [h for h in _proxy_headers(catalog, catalog.names, default=None) if h["name"] != "X-Geo-Country"]
     errors = _proxy_error_responses(bare_413=False)
     return {
         "tags": ["usage"],
@@ -262,7 +257,7 @@ def _usage_operation() -> Schema:
     }
 
 
-def _components() -> Schema:
+def _components(catalog: Catalog) -> Schema:
     return {
         "securitySchemes": {
             "ClientAuth": {
@@ -308,7 +303,7 @@ def _components() -> Schema:
             "Usage": {
                 "type": "object",
                 "properties": {
-                    "service_type": {"type": "string", "enum": [st.value for st in ServiceType]},
+                    "service_type": {"type": "string", "enum": list(catalog.names)},
                     "spend": {"type": "number", "description": "USD spent in the current budget period"},
                     "max_budget": {"type": ["number", "null"], "description": "USD allowed per budget period"},
                     "remaining_budget": {"type": ["number", "null"], "description": "max(0, max_budget - spend)"},
@@ -379,9 +374,9 @@ def _components() -> Schema:
     }
 
 
-def _paths(*, mock_routes: bool) -> Schema:
-    chat_headers = _proxy_headers(CHAT_DOC_SERVICE_TYPES, default=None)
-    search_headers = _proxy_headers(SEARCH_DOC_SERVICE_TYPES, default=ServiceType.SEARCH.value)
+def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
+    chat_headers = _proxy_headers(catalog, chat_doc_service_types(catalog), default=None)
+    search_headers = _proxy_headers(catalog, catalog.search_types, default=DEFAULT_SEARCH_SERVICE_TYPE)
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
     html = {"description": "HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
     paths: Schema = {
@@ -586,7 +581,7 @@ def _paths(*, mock_routes: bool) -> Schema:
                 "Error updating user budget",
                 body={
                     "type": "object",
-                    "properties": {"service_type": {"type": "string", "enum": [st.value for st in ServiceType]}},
+                    "properties": {"service_type": {"type": "string", "enum": list(catalog.names)}},
                     "required": ["service_type"],
                 },
             )
@@ -625,7 +620,7 @@ def _paths(*, mock_routes: bool) -> Schema:
                 },
             }
         },
-        "/v1/usage": {"get": _usage_operation()},
+        "/v1/usage": {"get": _usage_operation(catalog)},
         "/admin": {
             "get": {
                 "tags": ["admin"],
@@ -673,7 +668,7 @@ def _paths(*, mock_routes: bool) -> Schema:
             "Mock chat completion (FxA JWT verified locally)",
             "Only an FxA JWT access token, verified against the cached FxA JWKS; the user is "
             "`<uid>:<service-type>` (default `ai`)." + mock_note,
-            [_header("service-type", "Defaults to `ai`.", {"type": "string", "enum": [st.value for st in ServiceType], "default": "ai"})],
+            [_header("service-type", "Defaults to `ai`.", {"type": "string", "enum": list(catalog.names), "default": DEFAULT_CHAT_SERVICE_TYPE})],
             bare_413=False,
         )
         mock_no_auth["responses"]["401"] = _json(
@@ -685,7 +680,7 @@ def _paths(*, mock_routes: bool) -> Schema:
     return paths
 
 
-def build_document(*, mock_routes: bool) -> Schema:
+def build_document(*, mock_routes: bool, catalog: Catalog = BUILTIN_CATALOG) -> Schema:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -693,6 +688,6 @@ def build_document(*, mock_routes: bool) -> Schema:
             "version": __version__,
             "description": "Authenticating LLM proxy between Firefox clients and LiteLLM.\n\n" + ERROR_CODES_TEXT,
         },
-        "paths": _paths(mock_routes=mock_routes),
-        "components": _components(),
+        "paths": _paths(catalog, mock_routes=mock_routes),
+        "components": _components(catalog),
     }

@@ -12,7 +12,6 @@ import structlog
 from aiohttp import web
 
 from ..errors import GENERIC_UPSTREAM_MESSAGE, UpstreamError, UpstreamRejected
-from ..observability.labels import clamp_purpose, clamp_service_type
 from ..observability.metrics import Metrics
 from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.bodies import UpstreamBody, encode_json
@@ -132,7 +131,7 @@ async def relay_search(
                 raise _unclassified(reply.status, reply.text, debug=debug, what="search")
             log.warning(classification.log_prefix, upstream_status=reply.status, upstream_detail=upstream_text_for_log(error_detail(reply.text)))
             metrics.search_rejections.labels(
-                classification.rejection_reason, "exa-search", clamp_service_type(service_type), clamp_purpose(purpose)
+                classification.rejection_reason, "exa-search", metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
             ).inc()
             raise UpstreamRejected(classification)
         try:

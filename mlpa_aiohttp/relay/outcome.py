@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import structlog
 
 from ..errors import Classification
-from ..observability.labels import clamp_model
 from ..observability.metrics import Metrics
 from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.classify import classify, error_detail, in_band_status
@@ -117,24 +116,24 @@ class CompletionOutcome:
             self.failed()
 
     def rejected(self, classification: Classification) -> None:
-        if self._finish("error", clamp_model(self.model), classification.availability_reason):
+        if self._finish("error", self._metrics.labels.model(self.model), classification.availability_reason):
             self._metrics.chat_rejection(
                 classification.rejection_reason, model=self.model, service_type=self.service_type, purpose=self.purpose
             )
 
     def failed(self, reason: str = "upstream_error") -> None:
-        self._finish("error", clamp_model(self.model), reason)
+        self._finish("error", self._metrics.labels.model(self.model), reason)
 
     def aborted(self, relayed: StreamAccountant | None = None) -> None:
         """The client left; `relayed` accounts what its stream got before (README: what an
         aborted stream cost): the usage object if one arrived, else the content deltas."""
-        if not self._finish("abort", clamp_model(self.model), "client_disconnect") or relayed is None:
+        if not self._finish("abort", self._metrics.labels.model(self.model), "client_disconnect") or relayed is None:
             return
         if relayed.usage_seen:
             kind, counts = "usage", (("prompt", relayed.prompt_tokens), ("completion", relayed.completion_tokens))
         else:
             kind, counts = "content_deltas", (("completion", relayed.content_deltas),)
-        labels = (clamp_model(self.model), self.service_type, self.purpose, kind)
+        labels = (self._metrics.labels.model(self.model), self.service_type, self.purpose, kind)
         for token_type, count in counts:
             if count > 0:
                 self._metrics.aborted_stream_tokens.labels(token_type, *labels).inc(count)

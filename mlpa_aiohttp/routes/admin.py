@@ -32,7 +32,6 @@ import aiohttp
 from aiohttp import web
 
 from .. import keys
-from ..catalog import ServiceType, service_type_list_text
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault
 from ..models import BudgetUpdate, UsersPage, parse_query
 from ..store.base import EndUser, StoreUnavailable
@@ -131,7 +130,7 @@ async def signup_cap_status(request: web.Request) -> web.Response:
         raise ServerFault({"error": "Error reading signup cap state"}) from None
     body: dict[str, Any] = {
         "enforce_signin_cap": cap.enforce,
-        "capped_service_types": sorted(st.value for st in cap.capped_service_types),
+        "capped_service_types": sorted(cap.capped_service_types),
         # When current_managed_identities is current (beyond the reference): each admission
         # counts a new identity only while the cap is enforced; otherwise the count is the
         # one each process start reconciles from LiteLLM's table (at capacity_updated_at).
@@ -179,19 +178,20 @@ async def user_info(request: web.Request) -> web.Response:
 async def set_budget(request: web.Request) -> web.Response:
     user_id = request.match_info["user_id"]
     name = await _service_type_body(request)
-    service_type = ServiceType.parse(name)
-    if service_type is None:
+    catalog = request.config_dict[keys.SETTINGS].catalog
+    if name not in catalog:
         raise ApiError(
-            {"error": f"Unknown service type: {name}. Valid values: {service_type_list_text()}"}, status=422
+            {"error": f"Unknown service type: {name}. Valid values: {catalog.service_type_list_text()}"}, status=422
         )
-    budget_id = request.config_dict[keys.SETTINGS].budgets[service_type].budget_id
+    service_type = name
+    budget_id = catalog.budgets[service_type].budget_id
     try:
         user = await request.config_dict[keys.STORE].set_budget(user_id, budget_id)
     except StoreUnavailable:
         raise ServerFault({"error": "Error updating user budget"}) from None
     if user is None:
         raise NotFound("User not found.")
-    return web.json_response({"user_id": user_id, "budget_id": budget_id, "service_type": service_type.value})
+    return web.json_response({"user_id": user_id, "budget_id": budget_id, "service_type": service_type})
 
 
 def _set_blocked(blocked: bool) -> Handler:

@@ -59,8 +59,9 @@ def swagger_ui_dist() -> Path:
 
 
 def setup_docs_routes(app: web.Application) -> None:
-    document = build_document(mock_routes=app[keys.SETTINGS].server.mock_routes)
-    # Serialised once: the document only changes with the code and the mock switch.
+    settings = app[keys.SETTINGS]
+    document = build_document(mock_routes=settings.server.mock_routes, catalog=settings.catalog)
+    # Serialised once: the document only changes with the code, the catalogue and the mock switch.
     document_body = json.dumps(document).encode()
     page = _SWAGGER_PAGE.format(static=STATIC_PREFIX, openapi=OPENAPI_PATH)
 

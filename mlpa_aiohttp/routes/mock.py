@@ -19,7 +19,7 @@ from .. import keys
 from ..auth.dispatch import bearer_token
 from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
 from ..errors import AuthRejected, RequestInvalid
-from ..models import ChatRequest, MockNoAuthHeaders, parse_chat_body, parse_headers
+from ..models import ChatRequest, parse_chat_body
 from ..settings import ServerSettings
 from ..validation import Problem
 from .proxy import authorize_chat
@@ -58,11 +58,12 @@ async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamRespo
     """A plain chat body and an FxA JWT verified locally against the cached JWKS; unlike
     the reference, the user id carries the service type, so provisioning succeeds."""
     problems: list[Problem] = []
-    headers = parse_headers(MockNoAuthHeaders, request.headers, problems)
+    rules = request.app[keys.REQUEST_RULES]
+    headers = rules.parse_headers(rules.mock_no_auth_headers, request.headers, problems)
     chat = parse_chat_body(await request.read(), problems)
     if problems or headers is None or chat is None:
         raise RequestInvalid(problems)
-    authorization, service_type = headers.authorization, headers.service_type
+    authorization, service_type = headers.authorization, str(headers.service_type)
 
     # HTTP parsers strip trailing whitespace, so "Bearer " arrives as "Bearer".
     token = bearer_token(authorization)
@@ -75,8 +76,8 @@ async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamRespo
     except FxAVerificationFailed as exc:
         raise AuthRejected(f"JWT verification failed: {exc}") from None
 
-    user_id = f"{identity.uid}:{service_type.value}"
-    structlog.contextvars.bind_contextvars(user=user_id, service_type=service_type.value, model=chat.model)
+    user_id = f"{identity.uid}:{service_type}"
+    structlog.contextvars.bind_contextvars(user=user_id, service_type=service_type, model=chat.model)
     await request.app[keys.PROVISIONER].provision(user_id)
     return await _canned_reply(request, chat)
 

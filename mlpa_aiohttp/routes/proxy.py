@@ -15,17 +15,8 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
-from ..models import (
-    ChatRequest,
-    ProxyHeaders,
-    check_model_name,
-    check_model_service_type,
-    check_search_service_type,
-    parse_chat,
-    parse_search,
-    resolve_purpose,
-)
-from ..observability.labels import clamp_country, clamp_model
+from ..models import ChatRequest, ProxyHeaders, check_model_name
+from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
@@ -43,7 +34,7 @@ SEARCH_MODEL_LABEL = "exa-search"
 def _bind_principal(principal: Principal) -> None:
     structlog.contextvars.bind_contextvars(
         user=principal.user_id,
-        service_type=principal.service_type.value,
+        service_type=principal.service_type,
         purpose=principal.purpose or "-",
         auth_method=principal.method.value,
     )
@@ -52,9 +43,9 @@ def _bind_principal(principal: Principal) -> None:
 async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_body: bytes) -> Principal:
     """The auth step every authenticated route shares: purpose rules, then the auth chain
     (App Attest, access token, dev key + FxA, FxA); the principal joins the log context."""
-    settings = request.app[keys.SETTINGS]
+    settings, rules = request.app[keys.SETTINGS], request.app[keys.REQUEST_RULES]
     try:
-        purpose = resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
+        purpose = rules.resolve_purpose(headers.purpose, headers.service_type, required=settings.server.require_purpose_header)
         principal = await request.app[keys.AUTHENTICATOR].authenticate(headers, purpose, raw_body)
     except BadRequest as error:
         # Which 400 this is depends on the step: here it is a malformed auth request.
@@ -103,14 +94,15 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     check model and purpose, authenticate, each refusal recorded; the country metric once
     the caller is known."""
     raw_body = await read_body(request)
-    headers, chat = parse_chat(raw_body, request.headers)
+    rules, metrics = request.app[keys.REQUEST_RULES], request.app[keys.METRICS]
+    headers, chat = rules.parse_chat(raw_body, request.headers)
     structlog.contextvars.bind_contextvars(model=chat.model)
-    labels = ChatLabels(chat.model, headers.service_type.value, headers.purpose.strip())
-    with refusals_recorded(request.app[keys.METRICS], labels):
+    labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip())
+    with refusals_recorded(metrics, labels):
         check_model_name(chat.model)
-        check_model_service_type(chat.model, headers.service_type)
+        rules.check_model_service_type(chat.model, headers.service_type)
         principal = await authenticate_caller(request, headers, raw_body)
-    _count_country(request, labels.service_type, clamp_model(chat.model))
+    _count_country(request, labels.service_type, metrics.labels.model(chat.model))
     return chat, principal
 
 
@@ -196,11 +188,11 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
-    labels = ChatLabels(chat.model, principal.service_type.value, principal.purpose)
+    labels = ChatLabels(chat.model, principal.service_type, principal.purpose)
     with refusals_recorded(metrics, labels):
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
-        metrics.requests_with_tools.labels(clamp_model(chat.model), labels.service_type, labels.purpose).inc()
+        metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
         body=completion_body(chat, user=principal.user_id, defaults=settings.completion),
         stream=chat.stream,
@@ -218,11 +210,12 @@ async def search(request: web.Request) -> web.Response:
     and classified rejections."""
     app = request.app
     raw_body = await read_body(request)
-    headers, query = parse_search(raw_body, request.headers)
+    rules = app[keys.REQUEST_RULES]
+    headers, query = rules.parse_search(raw_body, request.headers)
     principal = await authenticate_caller(request, headers, raw_body)
-    service_type, purpose = principal.service_type.value, principal.purpose
+    service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
-    check_search_service_type(principal.service_type)
+    rules.check_search_service_type(principal.service_type)
     await app[keys.PROVISIONER].provision(principal.user_id)
     return await relay_search(
         client=app[keys.LITELLM],

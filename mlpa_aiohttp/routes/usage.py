@@ -16,7 +16,6 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import NotFound, RequestInvalid, ServerFault, UserBlocked
-from ..models import parse_proxy_headers
 from ..store.base import BudgetUsage, StoreUnavailable
 from .proxy import authenticate_caller
 
@@ -28,7 +27,7 @@ USAGE_FAILED = {"error": "Error fetching usage"}
 
 async def usage(request: web.Request) -> web.Response:
     errors: list[dict[str, Any]] = []
-    headers = parse_proxy_headers(request.headers, errors, default_service_type=None)
+    headers = request.app[keys.REQUEST_RULES].parse_proxy_headers(request.headers, errors)
     if errors or headers is None:
         raise RequestInvalid(errors)
     # A GET has no body: App Attest callers sign the empty body.
@@ -42,7 +41,7 @@ async def usage(request: web.Request) -> web.Response:
         raise NotFound(USER_NOT_FOUND)
     if found.blocked:
         raise UserBlocked()
-    return web.json_response(usage_body(principal.service_type.value, found))
+    return web.json_response(usage_body(principal.service_type, found))
 
 
 def usage_body(service_type: str, usage: BudgetUsage) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Protocol
 
-from ..catalog import BudgetTier, ServiceType
+from ..catalog import BudgetTier
 from ..wire import is_identifier
 
 
@@ -100,16 +100,16 @@ class UserStore(Protocol):
         `CapacityStateMissing` when the capacity row is absent."""
         ...
 
-    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+    async def release(self, base_identity: str, capped: frozenset[str]) -> None:
         """Give the slot back unless the identity has a user row of a capped type."""
         ...
 
     async def capacity_state(self) -> CapacityState | None: ...
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None: ...
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None: ...
 
-    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None: ...
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None: ...
 
     # -- admin ---------------------------------------------------------------------
     async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]: ...

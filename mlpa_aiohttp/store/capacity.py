@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import asyncpg
 
-from ..catalog import ServiceType
 from .base import Admission, CapacityState, CapacityStateMissing
 from .pools import Budgets, db_errors, retry_stale, transaction
 
 _LOCK_ROW = "SELECT max_identities, current_identities FROM mlpa_user_capacity WHERE id = 1 FOR UPDATE"
 
 
-def capped_user_ids(base_identity: str, capped: frozenset[ServiceType]) -> list[str]:
-    return sorted(f"{base_identity}:{st.value}" for st in capped)
+def capped_user_ids(base_identity: str, capped: frozenset[str]) -> list[str]:
+    return sorted(f"{base_identity}:{st}" for st in capped)
 
 
 class SignupCapacity:
@@ -57,7 +56,7 @@ class SignupCapacity:
             )
             return Admission(admitted=True, newly_claimed=True)
 
-    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+    async def release(self, base_identity: str, capped: frozenset[str]) -> None:
         if await self.has_capped_user(base_identity, capped):
             return
         await retry_stale("release", lambda: self._release(base_identity))
@@ -76,7 +75,7 @@ class SignupCapacity:
                     " WHERE id = 1"
                 )
 
-    async def has_capped_user(self, base_identity: str, capped: frozenset[ServiceType]) -> bool:
+    async def has_capped_user(self, base_identity: str, capped: frozenset[str]) -> bool:
         async def read() -> bool:
             # Exact ids, so the primary key serves the lookup.
             async with transaction(self._litellm, self._budgets.admin_read) as conn:
@@ -108,7 +107,7 @@ class SignupCapacity:
 
         await retry_stale("seed capacity state", seed)
 
-    async def reconcile(self, capped: frozenset[ServiceType]) -> int:
+    async def reconcile(self, capped: frozenset[str]) -> int:
         """Rebuild the claims from LiteLLM's table; returns the new count.
 
         The LiteLLM read happens first, outside the app transaction; the rebuild then
@@ -122,7 +121,7 @@ class SignupCapacity:
                     ' FROM "LiteLLM_EndUserTable"'
                     " WHERE position(':' in user_id) > 0"
                     "   AND substr(user_id, position(':' in user_id) + 1) = ANY($1::text[])",
-                    sorted(st.value for st in capped),
+                    sorted(st for st in capped),
                 )
         identities = [r["base_identity"] for r in rows]
         with db_errors("reconcile capacity (rebuild claims)"):

@@ -12,7 +12,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from ..catalog import BudgetTier, ServiceType
+from ..catalog import BudgetTier
 from .base import (
     Admission,
     BudgetUsage,
@@ -112,7 +112,7 @@ class MemoryUserStore:
             self._set_current(self._capacity.current_identities + 1)
             return Admission(admitted=True, newly_claimed=True)
 
-    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+    async def release(self, base_identity: str, capped: frozenset[str]) -> None:
         if self._has_capped_user(base_identity, capped):
             return
         async with self._lock:
@@ -127,15 +127,15 @@ class MemoryUserStore:
         assert self._capacity is not None
         self._capacity = CapacityState(self._capacity.max_identities, current, _now())
 
-    def _has_capped_user(self, base_identity: str, capped: frozenset[ServiceType]) -> bool:
-        return any(f"{base_identity}:{st.value}" in self._users for st in capped)
+    def _has_capped_user(self, base_identity: str, capped: frozenset[str]) -> bool:
+        return any(f"{base_identity}:{st}" in self._users for st in capped)
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None:
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None:
         self._budgets = {tier.budget_id: tier for tier in budgets.values()}
 
-    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None:
-        capped_values = {st.value for st in capped}
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None:
+        capped_values = set(capped)
         async with self._lock:
             self._claims = {
                 base

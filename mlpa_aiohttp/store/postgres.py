@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import asyncpg
 
-from ..catalog import BudgetTier, ServiceType
+from ..catalog import BudgetTier
 from ..settings import PostgresSettings, Settings
 from ..wire import is_identifier
 from .base import Admission, BudgetUsage, CapacityState, CustomerCreator, EndUser, require_identifier
@@ -152,14 +152,14 @@ class PostgresUserStore:
     async def admit(self, base_identity: str) -> Admission:
         return await self._capacity.admit(base_identity)
 
-    async def release(self, base_identity: str, capped: frozenset[ServiceType]) -> None:
+    async def release(self, base_identity: str, capped: frozenset[str]) -> None:
         await self._capacity.release(base_identity, capped)
 
     async def capacity_state(self) -> CapacityState | None:
         return await self._capacity.state()
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[ServiceType, BudgetTier]) -> None:
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None:
         # As in the reference: one tier failing must not keep the others out.
         for service_type, tier in budgets.items():
             try:
@@ -173,9 +173,9 @@ class PostgresUserStore:
                         tier.budget_duration,
                     )
             except DATABASE_ERRORS as exc:
-                log.error("budget upsert failed for %s (%s): %s", service_type.value, tier.budget_id, exc)
+                log.error("budget upsert failed for %s (%s): %s", service_type, tier.budget_id, exc)
 
-    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[ServiceType]) -> None:
+    async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None:
         await self._capacity.seed(max_identities)
         try:
             count = await self._capacity.reconcile(capped)

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import structlog
 
-from ..catalog import BudgetTier, ServiceType
+from ..catalog import BudgetTier
 from ..errors import ApiError, BadRequest, ProvisioningFailed, SignupCapExceeded, UserBlocked
 from ..settings import SignupCapSettings
 from ..wire import is_base_identity
@@ -28,7 +28,7 @@ CAPACITY_MISSING = "Capacity state not initialized"
 
 class Provisioner:
     def __init__(
-        self, store: UserStore, budgets: Mapping[ServiceType, BudgetTier], signup_cap: SignupCapSettings
+        self, store: UserStore, budgets: Mapping[str, BudgetTier], signup_cap: SignupCapSettings
     ) -> None:
         self._store = store
         self._budgets = budgets
@@ -45,8 +45,9 @@ class Provisioner:
 
     async def _get_or_create(self, user_id: str) -> EndUser:
         base_identity, _, suffix = user_id.partition(":")
-        service_type = ServiceType.parse(suffix)
-        if not is_base_identity(base_identity) or service_type is None:
+        # The budgets name every service type of the loaded catalogue.
+        service_type = suffix
+        if not is_base_identity(base_identity) or service_type not in self._budgets:
             raise BadRequest(INVALID_USER_ID)
         try:
             user = await self._store.get_user(user_id)
@@ -64,7 +65,7 @@ class Provisioner:
             log.error("provisioning_failed", error_type=type(exc).__name__, exc_info=exc)
             raise ProvisioningFailed(FETCH_FAILED) from None
 
-    async def _create(self, base_identity: str, user_id: str, service_type: ServiceType) -> EndUser:
+    async def _create(self, base_identity: str, user_id: str, service_type: str) -> EndUser:
         newly_claimed = False
         if self._cap.enforce and service_type in self._cap.capped_service_types:
             try:

@@ -8,9 +8,13 @@ gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import functools
 import re
 import runpy
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -58,8 +62,16 @@ def load_manifests() -> list[dict[str, Any]]:
 MANIFESTS = load_manifests()
 
 
-def the(kind: str) -> dict[str, Any]:
-    [resource] = [m for m in MANIFESTS if m["kind"] == kind]
+# The settings' ConfigMap; the catalogue has one of its own (CATALOG_CONFIGMAP).
+SETTINGS_CONFIGMAP = "mlpa-config"
+CATALOG_CONFIGMAP = "mlpa-catalog"
+CATALOG_ANNOTATION = "mlpa.mozilla.org/catalog-sha256"
+
+
+def the(kind: str, name: str | None = None) -> dict[str, Any]:
+    if kind == "ConfigMap" and name is None:
+        name = SETTINGS_CONFIGMAP
+    [resource] = [m for m in MANIFESTS if m["kind"] == kind and name in (None, m["metadata"]["name"])]
     return resource
 
 
@@ -77,8 +89,7 @@ def container_env(container: Mapping[str, Any]) -> dict[str, str]:
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
-            configmap = the("ConfigMap")
-            assert source["configMapRef"]["name"] == configmap["metadata"]["name"]
+            configmap = the("ConfigMap", source["configMapRef"]["name"])
             env.update(configmap["data"])
         if "secretRef" in source:
             secret = the("Secret")
@@ -115,7 +126,21 @@ def load_gunicorn_conf(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) 
 
 
 def manifest_env() -> dict[str, str]:
-    return container_env(main_container())
+    """The main container's environment; MLPA_CATALOG_FILE names a copy of the catalogue
+    ConfigMap, as the pod's read-only mount shows it."""
+    env = container_env(main_container())
+    if "MLPA_CATALOG_FILE" in env:
+        env["MLPA_CATALOG_FILE"] = str(mounted_catalogue(Path(env["MLPA_CATALOG_FILE"]).name))
+    return env
+
+
+@functools.cache
+def mounted_catalogue(name: str) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="mlpa-catalog-mount-"))
+    atexit.register(shutil.rmtree, directory, True)
+    path = directory / name
+    path.write_text(the("ConfigMap", CATALOG_CONFIGMAP)["data"][name])
+    return path
 
 
 # --- environment variables ------------------------------------------------------------------
@@ -390,7 +415,10 @@ def test_pods_run_locked_down(kind: str) -> None:
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
         assert "/tmp" in mounts
         volumes = {v["name"]: v for v in spec["volumes"]}
-        assert all("emptyDir" in volumes[name] for name in mounts.values())
+        # Writable places are emptyDirs; configuration (the catalogue) is mounted read-only.
+        writable = {m["name"] for m in container["volumeMounts"] if not m.get("readOnly")}
+        assert all("emptyDir" in volumes[name] for name in writable)
+        assert all("configMap" in volumes[name] for name in set(mounts.values()) - writable)
 
 
 def test_prometheus_directory_is_a_writable_volume() -> None:
@@ -447,3 +475,45 @@ def test_image_runs_gunicorn_with_the_shipped_conf_as_non_root() -> None:
     assert ("EXPOSE", "8080") in instructions
     assert not any(keyword == "HEALTHCHECK" for keyword, _ in instructions)
     assert len([1 for keyword, _ in instructions if keyword == "FROM"]) == 2
+
+
+# --- the catalogue --------------------------------------------------------------------------
+
+
+def catalogue_text() -> str:
+    return the("ConfigMap", CATALOG_CONFIGMAP)["data"]["catalog.toml"]
+
+
+def test_the_catalogue_configmap_is_a_valid_catalogue() -> None:
+    from mlpa_aiohttp.catalog_file import parse_catalog
+
+    parse_catalog(catalogue_text().encode())  # raises, listing every problem
+
+
+def test_the_catalogue_is_mounted_where_mlpa_catalog_file_points() -> None:
+    spec, container = pod_spec("Deployment"), main_container()
+    path = Path(container_env(container)["MLPA_CATALOG_FILE"])
+    [mount] = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == CATALOG_CONFIGMAP
+    assert path.name in the("ConfigMap", CATALOG_CONFIGMAP)["data"]
+    settings = Settings.from_environ(manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS})
+    from mlpa_aiohttp.catalog_file import parse_catalog
+
+    assert settings.catalog == parse_catalog(catalogue_text().encode())
+    # The migration Job mounts no catalogue, so it must not be told to read one.
+    [job] = pod_spec("Job")["containers"]
+    assert "MLPA_CATALOG_FILE" not in container_env(job)
+
+
+def test_a_catalogue_change_rolls_the_pods() -> None:
+    """The pod template carries the catalogue's checksum: a new catalogue is a new template."""
+    import hashlib
+
+    expected = hashlib.sha256(catalogue_text().encode()).hexdigest()
+    annotations = the("Deployment")["spec"]["template"]["metadata"].get("annotations", {})
+    assert annotations.get(CATALOG_ANNOTATION) == expected, (
+        f"set {CATALOG_ANNOTATION} in config/kubernetes/deployment.yaml to {expected} "
+        "(python -m mlpa_aiohttp catalog checksum FILE prints it)"
+    )
