@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import headers as header_names
 from .catalog import PINNED_MODELS, PURPOSES, SEARCH_SERVICE_TYPES, ServiceType
 from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel
 from .validation import HEADER, QUERY, Model, Problem, validate, validate_json_body
@@ -37,18 +38,18 @@ class ProxyHeaders(BaseModel):
 
     # repr=False: credentials never reach a log line or an error report.
     authorization: str = Field(repr=False)
-    service_type: ServiceType = Field(alias="service-type")
-    use_app_attest: bool = Field(False, alias="use-app-attest")
-    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
-    use_play_integrity: bool = Field(False, alias="use-play-integrity")
-    purpose: str = ""
-    dev_authorization: str | None = Field(None, alias="x-dev-authorization", repr=False)
+    service_type: ServiceType = Field(alias=header_names.SERVICE_TYPE)
+    use_app_attest: bool = Field(False, alias=header_names.USE_APP_ATTEST)
+    use_qa_certificates: bool = Field(False, alias=header_names.USE_QA_CERTIFICATES)
+    use_play_integrity: bool = Field(False, alias=header_names.USE_PLAY_INTEGRITY)
+    purpose: str = Field("", alias=header_names.PURPOSE)
+    dev_authorization: str | None = Field(None, alias=header_names.DEV_AUTHORIZATION, repr=False)
 
 
 class SearchHeaders(ProxyHeaders):
     """`/v1/search`: service-type defaults to `search`."""
 
-    service_type: ServiceType = Field(ServiceType.SEARCH, alias="service-type")
+    service_type: ServiceType = Field(ServiceType.SEARCH, alias=header_names.SERVICE_TYPE)
 
 
 class AttestHeaders(BaseModel):
@@ -57,7 +58,7 @@ class AttestHeaders(BaseModel):
     model_config = _TEXT_VALUES
 
     authorization: str = Field(repr=False)
-    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
+    use_qa_certificates: bool = Field(False, alias=header_names.USE_QA_CERTIFICATES)
 
 
 class MockNoAuthHeaders(BaseModel):
@@ -66,7 +67,7 @@ class MockNoAuthHeaders(BaseModel):
     model_config = _TEXT_VALUES
 
     authorization: str = Field(repr=False)
-    service_type: ServiceType = Field(ServiceType.AI, alias="service-type")
+    service_type: ServiceType = Field(ServiceType.AI, alias=header_names.SERVICE_TYPE)
 
 
 _HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {

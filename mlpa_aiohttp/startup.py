@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from .observability.logging import log_startup_failure
-from .settings import SettingsError
+from .settings import TRUTHY, SettingsError
 
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: PostgreSQL unreachable at start-up
 EXIT_CANNOT_LISTEN = 71  # sysexits EX_OSERR: the port is taken or not ours to bind
@@ -19,13 +19,12 @@ EXIT_CONFIG = 78  # sysexits EX_CONFIG: a variable is missing or invalid
 GUNICORN_WORKER_BOOT_ERROR = 3
 
 CONFIG_HINT = 'every variable is listed in README "Configuration" and config/example.env'
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 def json_logs_requested(environ: Mapping[str, str]) -> bool:
     """`LOG_JSON` read leniently: the message about an invalid `LOG_JSON` needs a format too."""
     values = {k.upper(): v for k, v in environ.items()}
-    return values.get("LOG_JSON", "").strip().lower() in _TRUE
+    return values.get("LOG_JSON", "").strip().lower() in TRUTHY
 
 
 def report_config_error(
