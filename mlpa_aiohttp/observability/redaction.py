@@ -24,7 +24,7 @@ CONTENT_FIELDS = frozenset(
         "content",
         "text",
         "tools",
-        "tool_calls",
+        # A tool call's content is its arguments; `tool_calls` is also the request line's count.
         "arguments",
         "query",
         "input",
