@@ -14,6 +14,10 @@ import pytest
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.testing.fake_litellm import Scenario
 
+from tests.support.metrics import sample
+from tests.support.streams import direct_stream_bytes
+from tests.support.waiting import wait_for
+
 from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
 
 
@@ -28,23 +32,8 @@ def make_service(request: pytest.FixtureRequest, make_service: ServiceFactory) -
     return build
 
 
-def sample(service: Service, name: str, labels: dict[str, str]) -> float:
-    value = service.app[keys.METRICS].registry.get_sample_value(name, labels)
-    return value or 0.0
-
-
 def frames(text: str) -> list[str]:
     return [event for event in text.split("\n\n") if event]
-
-
-async def direct_stream_bytes(service: Service, body: dict) -> bytes:
-    """What the fake LiteLLM sends for `body` when asked directly."""
-    url = service.app[keys.SETTINGS].upstream.url("/v1/chat/completions")
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url, json=body, headers={"Authorization": f"Bearer {service.litellm.virtual_key}"}
-        ) as response:
-            return await response.read()
 
 
 async def test_stream_is_relayed_byte_identical(service: Service) -> None:
@@ -118,7 +107,7 @@ async def test_open_streams_do_not_keep_the_conversation(service: Service) -> No
         for _ in range(streams):
             responses.append(await service.client.post("/v1/chat/completions", data=body, headers=service.headers()))
         # Every upstream answered: the bodies were sent.
-        await _wait_for(lambda: sum(stream.upstream_open for stream in service.app[keys.STREAMS]) == streams)
+        await wait_for(lambda: sum(stream.upstream_open for stream in service.app[keys.STREAMS]) == streams)
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
     finally:
@@ -150,13 +139,13 @@ async def test_client_disconnect_while_upstream_silent(service: Service, scenari
     service.litellm.next_scenarios.append(scenario)
     response = await service.chat(chat_body(stream=True))
     assert response.status == 200
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     assert open_streams(service) == 1
     closed_at = time.monotonic()
     response.close()
     await _assert_upstream_closed_quickly(service, closed_at)
-    await _wait_for(lambda: open_streams(service) == 0)
-    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: open_streams(service) == 0)
+    await wait_for(lambda: events(caplog, "client_disconnected"))
     _assert_logged_once_as_disconnect(service, caplog)
 
 
@@ -168,7 +157,7 @@ async def test_client_disconnect_mid_stream(service: Service, caplog) -> None:
     closed_at = time.monotonic()
     response.close()
     await _assert_upstream_closed_quickly(service, closed_at)
-    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: events(caplog, "client_disconnected"))
     _assert_logged_once_as_disconnect(service, caplog)
 
 
@@ -182,14 +171,6 @@ def _assert_logged_once_as_disconnect(service: Service, caplog) -> None:
     labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **labels}) == 1
     assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "abort", **labels}) == 1
-
-
-async def _wait_for(condition, timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 CLASSIFIED = {
@@ -252,7 +233,7 @@ async def test_graceful_shutdown_ends_open_streams_with_shutdown_frame(make_serv
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.2")
     service.litellm.next_scenarios.append("hang_after_headers")
     response = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     started = time.monotonic()
     await service.app.shutdown()
     assert time.monotonic() - started < 2.0
@@ -273,7 +254,7 @@ async def test_streams_ended_by_shutdown_are_not_counted_as_failures(make_servic
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
     service.litellm.next_scenarios.append("hang_after_headers")
     response = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     await service.app.shutdown()
     await response.read()
     labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
@@ -298,9 +279,9 @@ def _status_codes_counted(service: Service) -> set[str]:
 async def test_client_hang_up_before_upstream_headers_is_logged_as_499(service: Service, caplog) -> None:
     service.litellm.next_scenarios.append("hang_before_headers")
     response = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     response.close()
-    await _wait_for(lambda: _request_lines(caplog))
+    await wait_for(lambda: _request_lines(caplog))
     [line] = _request_lines(caplog)
     assert (line["event"], line["status"], line["client_disconnected"]) == ("client_disconnected", 499, True)
     assert line["disconnect_reason"] in ("client_closed", "client_reset")
@@ -313,9 +294,9 @@ async def test_stream_ended_by_shutdown_is_not_logged_as_a_client_disconnect(mak
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
     service.litellm.next_scenarios.append("hang_before_headers")
     response = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     await service.app.shutdown()
-    await _wait_for(lambda: _request_lines(caplog))
+    await wait_for(lambda: _request_lines(caplog))
     [line] = _request_lines(caplog)
     assert (line["event"], line["status"], line["level"]) == ("ended_by_shutdown", 503, "INFO")
     assert "client_disconnected" not in line and "disconnect_reason" not in line
@@ -336,7 +317,7 @@ async def test_stream_still_waiting_for_upstream_headers_at_the_deadline_gets_th
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="0.1")
     service.litellm.next_scenarios.append("hang_before_headers")
     response = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     started = time.monotonic()
     await service.app.shutdown()
     assert time.monotonic() - started < 1.0
@@ -355,7 +336,7 @@ async def test_stream_started_after_the_drain_ends_at_once_with_the_shutdown_fra
     if open_at_shutdown:
         service.litellm.next_scenarios.append("hang_after_headers")
         first = await service.chat(chat_body(stream=True))
-        await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+        await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     await service.app.shutdown()
     if open_at_shutdown:
         assert await first.text() == SHUTDOWN_TEXT
@@ -376,9 +357,9 @@ async def test_stream_started_during_the_drain_is_drained_like_the_others(make_s
     service = await make_service(SHUTDOWN_DRAIN_SECONDS="1.5")
     service.litellm.next_scenarios.append("hang_after_headers")
     hanging = await service.chat(chat_body(stream=True))
-    await _wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     shutdown = asyncio.create_task(service.app.shutdown())
-    await _wait_for(lambda: service.app[keys.STREAMS].shutting_down)
+    await wait_for(lambda: service.app[keys.STREAMS].shutting_down)
     service.litellm.interval = 0.05
     during = await service.chat(chat_body(stream=True))
     assert (await during.read()).endswith(b"data: [DONE]\n\n")

@@ -23,8 +23,9 @@ from mlpa_aiohttp import keys
 from mlpa_aiohttp.relay.fast_path import FastRelay
 from mlpa_aiohttp.relay.stream import SHUTDOWN_FRAME
 
+from tests.support.waiting import wait_for
+
 from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
-from .test_chat_streaming import _wait_for
 
 PATHS = ["regular", "fast"]
 GENERIC_502 = b'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
@@ -222,7 +223,7 @@ async def test_slow_reader_holds_back_a_fast_upstream_then_gets_every_byte(
     assert size == blocks * len(block)
     assert digest.hexdigest() == hashlib.sha256(block * blocks).hexdigest()
     assert upstream.finished
-    await _wait_for(lambda: open_streams(service) == 0)
+    await wait_for(lambda: open_streams(service) == 0)
 
 
 # ---- hang-up, shutdown, silence, failures: with half an event relayed --------------------
@@ -242,7 +243,7 @@ async def test_client_hang_up_closes_the_upstream_at_once(make_service, raw_upst
     latency = upstream.disconnected_at - closed_at
     assert latency < 0.05, f"upstream saw the close after {latency * 1000:.1f} ms"
     assert_path_taken(path, takeovers)
-    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: events(caplog, "client_disconnected"))
     assert not [e for e in events(caplog) if e["level"] in ("ERROR", "CRITICAL")]
     assert open_streams(service) == 0
 

@@ -15,8 +15,10 @@ from mlpa_aiohttp.errors import GENERIC_UPSTREAM_MESSAGE
 from mlpa_aiohttp.relay.stream import sse_frame
 from mlpa_aiohttp.testing.fake_litellm import Scenario
 
+from tests.support.metrics import sample
+from tests.support.streams import direct_stream_bytes
+
 from ..conftest import Service, chat_body, events, open_streams
-from .test_chat_streaming import direct_stream_bytes, sample
 
 COMMENT = b": keep-alive\n\n"
 OPT_IN = {"X-MLPA-Keepalive": "1"}
