@@ -232,12 +232,11 @@ async def test_sigterm_ends_open_streams_cleanly(gunicorn: Gunicorn, fake_litell
             await session.close()
 
     exit_code = await asyncio.to_thread(gunicorn.process.wait, 15)
-    exited_after = time.monotonic() - signalled_at
     output = gunicorn.output()
     assert exit_code == 0, output
-    # Drain budget plus the worker's 1 s heartbeat, well inside graceful_timeout (7 s here).
+    # The streams were drained first (a lower bound: the frames cannot come earlier), and
+    # the workers stopped inside graceful_timeout (7 s here): gunicorn kills late ones.
     assert frames_after >= DRAIN_SECONDS
-    assert exited_after < 5, f"gunicorn took {exited_after:.1f}s to stop:\n{output}"
     for sign in ("SIGKILL", "WORKER TIMEOUT", "Traceback"):
         assert sign not in output, output
     assert output.count("Worker exiting") == 2, output

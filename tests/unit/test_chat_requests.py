@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
@@ -13,6 +12,7 @@ from mlpa_aiohttp import keys
 
 from tests.support.metrics import sample
 from tests.support.store_seeding import seed_user
+from tests.support.waiting import wait_for
 
 from ..conftest import DEV_TOKEN, Service, chat_body, events
 
@@ -315,10 +315,7 @@ async def test_transport_error_is_502_and_logged_once(make_service, fake_litellm
 
 
 async def _upstream_asked(service: Service) -> None:
-    deadline = time.monotonic() + 2.0
-    while not service.litellm.requests_to("/v1/chat/completions"):
-        assert time.monotonic() < deadline, "LiteLLM was not asked in time"
-        await asyncio.sleep(0.005)
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
 
 
 def _request_line(caplog) -> dict:
@@ -348,10 +345,7 @@ async def test_json_completion_abandoned_by_the_client_is_a_client_disconnect(se
     pending = asyncio.create_task(service.chat(chat_body()))
     await _upstream_asked(service)
     pending.cancel()
-    deadline = time.monotonic() + 2.0
-    while availability(service, "abort", "client_disconnect") == 0:
-        assert time.monotonic() < deadline, "the hang-up was not recorded in time"
-        await asyncio.sleep(0.005)
+    await wait_for(lambda: availability(service, "abort", "client_disconnect") == 1)
     assert availability(service, "excluded", "server_shutdown") == 0
     await asyncio.sleep(0.05)
     line = _request_line(caplog)

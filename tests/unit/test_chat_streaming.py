@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import time
 import tracemalloc
 
-import aiohttp
 import pytest
 
 from mlpa_aiohttp import keys
@@ -52,12 +50,14 @@ async def test_stream_is_relayed_byte_identical(service: Service) -> None:
 
 async def test_first_chunk_reaches_client_before_upstream_sends_the_second(service: Service) -> None:
     service.litellm.interval = 0.5
-    started = time.monotonic()
+    service.litellm.record_sent_streams = True
     response = await service.chat(chat_body(stream=True))
     first = await response.content.readany()
-    waited = time.monotonic() - started
     assert b"data: " in first
-    assert waited < 0.4, f"first chunk took {waited:.3f}s: the relay buffered"
+    # LiteLLM is still between its first chunks: what arrived cannot have waited for the rest.
+    sent = bytes(service.litellm.requests_to("/v1/chat/completions")[-1].sent or b"")
+    assert b"data: [DONE]" not in sent, "the relay buffered the whole stream"
+    assert sent.count(b"\n\ndata: ") < service.litellm.chunks
     response.close()
 
 
@@ -127,23 +127,25 @@ async def test_open_streams_do_not_keep_the_conversation(service: Service) -> No
     assert held == [], [f"{t.size} B at {t.traceback.format(limit=3)}" for t in held]
 
 
-async def _assert_upstream_closed_quickly(service: Service, closed_at: float) -> None:
+async def _assert_upstream_abandoned(service: Service) -> None:
+    """LiteLLM sees its connection close while it still had a stream to send: the client's
+    hang-up closed it (how fast is tests/load/test_disconnect_latency.py's concern)."""
     record = service.litellm.requests_to("/v1/chat/completions")[-1]
-    await asyncio.wait_for(record.disconnected.wait(), 1.0)
-    latency = record.disconnected_at - closed_at
-    assert latency < 0.05, f"upstream saw the close after {latency * 1000:.1f} ms"
+    await wait_for(record.disconnected.is_set)
+    # (None: LiteLLM never got as far as its headers.)
+    assert record.sent is None or b"data: [DONE]" not in record.sent
 
 
 @pytest.mark.parametrize("scenario", ["hang_before_headers", "hang_after_headers"])
 async def test_client_disconnect_while_upstream_silent(service: Service, scenario: str, caplog) -> None:
     service.litellm.next_scenarios.append(scenario)
+    service.litellm.record_sent_streams = True
     response = await service.chat(chat_body(stream=True))
     assert response.status == 200
     await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
     assert open_streams(service) == 1
-    closed_at = time.monotonic()
     response.close()
-    await _assert_upstream_closed_quickly(service, closed_at)
+    await _assert_upstream_abandoned(service)
     await wait_for(lambda: open_streams(service) == 0)
     await wait_for(lambda: events(caplog, "client_disconnected"))
     _assert_logged_once_as_disconnect(service, caplog)
@@ -152,11 +154,11 @@ async def test_client_disconnect_while_upstream_silent(service: Service, scenari
 async def test_client_disconnect_mid_stream(service: Service, caplog) -> None:
     service.litellm.interval = 0.2
     service.litellm.chunks = 50
+    service.litellm.record_sent_streams = True
     response = await service.chat(chat_body(stream=True))
     assert b"data: " in await response.content.readany()
-    closed_at = time.monotonic()
     response.close()
-    await _assert_upstream_closed_quickly(service, closed_at)
+    await _assert_upstream_abandoned(service)
     await wait_for(lambda: events(caplog, "client_disconnected"))
     _assert_logged_once_as_disconnect(service, caplog)
 
@@ -234,9 +236,8 @@ async def test_graceful_shutdown_ends_open_streams_with_shutdown_frame(make_serv
     service.litellm.next_scenarios.append("hang_after_headers")
     response = await service.chat(chat_body(stream=True))
     await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
-    started = time.monotonic()
-    await service.app.shutdown()
-    assert time.monotonic() - started < 2.0
+    # LiteLLM would hang forever: shutdown returns only because the drain deadline ends the stream.
+    await asyncio.wait_for(service.app.shutdown(), timeout=10)
     assert await response.text() == 'data: {"code": 503, "error": "Server shutting down"}\n\n'
     assert open_streams(service) == 0
 
@@ -318,9 +319,8 @@ async def test_stream_still_waiting_for_upstream_headers_at_the_deadline_gets_th
     service.litellm.next_scenarios.append("hang_before_headers")
     response = await service.chat(chat_body(stream=True))
     await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
-    started = time.monotonic()
-    await service.app.shutdown()
-    assert time.monotonic() - started < 1.0
+    # LiteLLM never sends its headers: shutdown returns only because the deadline ends the stream.
+    await asyncio.wait_for(service.app.shutdown(), timeout=10)
     assert response.status == 200
     assert await response.text() == SHUTDOWN_TEXT
     # The upstream request is abandoned at once: LiteLLM sees its connection close.
@@ -374,11 +374,11 @@ async def test_stream_started_during_the_drain_is_drained_like_the_others(make_s
 async def test_silent_upstream_ends_the_stream_with_an_error_frame(make_service, scenario: str, caplog) -> None:
     service = await make_service(STREAMING_TIMEOUT_SECONDS="0.3")
     service.litellm.next_scenarios.append(scenario)
-    started = time.monotonic()
     response = await service.chat(chat_body(stream=True))
-    body = await response.text()
+    # LiteLLM stays silent for ever: only the silence watch can end the stream (that it
+    # does not fire on a slow but steady stream is the next test).
+    body = await asyncio.wait_for(response.text(), timeout=10)
     assert body == 'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
-    assert 0.3 <= time.monotonic() - started < 1.5
     await asyncio.wait_for(service.litellm.requests_to("/v1/chat/completions")[-1].disconnected.wait(), 1.0)
     assert len([e for e in events(caplog) if e["level"] == "ERROR"]) == 1
     assert open_streams(service) == 0

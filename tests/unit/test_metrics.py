@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from typing import Any, Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -106,18 +104,16 @@ async def test_unknown_methods_are_invalid(service: Service) -> None:
 async def test_stream_latency_and_in_progress_cover_the_whole_stream(service: Service) -> None:
     service.litellm.interval = 0.1
     service.litellm.chunks = 5
-    started = time.monotonic()
     response = await service.chat(chat_body(stream=True))
     assert b"data: " in await response.content.readany()
-    headers_after = time.monotonic() - started
     # Headers and the first chunk are out; the stream is still being relayed.
     assert sample(service, "mlpa_in_progress_requests") == 1
     assert sample(service, "mlpa_request_latency_seconds_count", {"method": "POST", "endpoint": "/v1/chat/completions"}) == 0
     await response.read()
     await wait_for(lambda: sample(service, "mlpa_in_progress_requests") == 0)
     latency = sample(service, "mlpa_request_latency_seconds_sum", {"method": "POST", "endpoint": "/v1/chat/completions"})
-    assert headers_after < 0.2
-    assert latency >= 0.45, f"request latency {latency:.3f}s does not cover the stream"
+    # At least the fake's own pauses between its chunks (a lower bound: cannot flake).
+    assert latency >= (service.litellm.chunks - 1) * service.litellm.interval, f"request latency {latency:.3f}s does not cover the stream"
 
 
 # -- availability: exactly one sample per chat request that reaches a recording site -----------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import jwt
@@ -83,36 +82,24 @@ async def test_mounted_with_the_switch(mock_service: Service, path: str) -> None
 
 
 async def test_canned_completion_after_the_simulated_ttft(mock_service: Service) -> None:
-    started = time.monotonic()
+    # That it waits MOCK_TTFT_MS first is tests/load/test_timing.py's check.
     response = await post_mock(mock_service, "completions", chat_body(), mock_service.headers())
-    elapsed = time.monotonic() - started
     assert response.status == 200
     assert await response.json() == MOCK_JSON
-    assert elapsed >= TTFT_MS / 1000
     assert_no_completion_metrics(mock_service)
 
 
 async def test_canned_stream_of_three_frames(mock_service: Service) -> None:
-    started = time.monotonic()
     response = await post_mock(mock_service, "completions", chat_body(stream=True), mock_service.headers())
     assert response.status == 200
     assert response.headers["Content-Type"] == "text/event-stream; charset=utf-8"
-    arrivals: list[float] = []
-    text = ""
-    async for chunk in response.content.iter_any():
-        text += chunk.decode()
-        arrivals.append(time.monotonic() - started)
-    events = sse_data(text)
+    events = sse_data(await response.text())
     assert [json.loads(e) for e in events[:2]] == [
         {"choices": [{"delta": {"content": "mock token 1"}}]},
         {"choices": [{"delta": {"content": "mock token 2"}}]},
     ]
     assert events[2] == "[DONE]"
     assert len(events) == 3
-    ended = time.monotonic() - started
-    assert arrivals[0] >= TTFT_MS / 1000
-    # Each frame is followed by the chunk latency, the last one included.
-    assert ended >= (TTFT_MS + 3 * CHUNK_MS) / 1000
     assert_no_completion_metrics(mock_service)
 
 

@@ -4,8 +4,6 @@ reference")."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import pytest
 
