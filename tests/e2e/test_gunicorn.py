@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,21 +20,16 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.processes import REPO_ROOT, free_port
+
 from ..conftest import TEST_SECRETS, chat_body
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DRAIN_SECONDS = 1
 WORKERS = 2
 SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'
 CHAT_PATH = "/v1/chat/completions"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -17,8 +17,8 @@ from tests.support.app_attest_device import TestAttestationCA
 from tests.support.store_seeding import seed_user
 
 from ..conftest import DEV_TOKEN, Service, chat_body
-from .test_device_auth_routes import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
-from .test_device_auth_routes import service as device_service  # noqa: F401 (fixture)
+from tests.support.device_service import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
+from tests.support.device_service import device_service  # noqa: F401 (fixture)
 
 AI = DEFAULT_BUDGETS[ServiceType.AI]
 
