@@ -41,12 +41,23 @@ log = structlog.get_logger("mlpa_aiohttp.serve")
 PROG = "python -m mlpa_aiohttp"
 DEMO_PROMPT = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
 
-EXIT_STATUSES = f"""exit statuses:
-  0   done, or stopped cleanly (SIGTERM, SIGINT)
-  2   command-line usage error
-  {EXIT_UNAVAILABLE}  PostgreSQL unreachable at start-up
-  {EXIT_CANNOT_LISTEN}  the port is in use or cannot be bound
-  {EXIT_CONFIG}  configuration error: every invalid variable is listed in one message"""
+EXIT_DONE = 0
+EXIT_USAGE = 2  # argparse
+EXIT_STACK_REFUSED = 1  # `stack` only: the database is LiteLLM's real one, or cannot be prepared
+EXIT_MEANINGS = {
+    EXIT_DONE: "done, or stopped cleanly (SIGTERM, SIGINT)",
+    EXIT_STACK_REFUSED: "stack: the database is a real LiteLLM one, or cannot be prepared",
+    EXIT_USAGE: "command-line usage error",
+    EXIT_UNAVAILABLE: "PostgreSQL unreachable at start-up",
+    EXIT_CANNOT_LISTEN: "the port is in use or cannot be bound",
+    EXIT_CONFIG: "configuration error: every invalid variable is listed in one message",
+}
+
+
+def exit_statuses_text(statuses: Sequence[int]) -> str:
+    """The "exit statuses:" block of a --help: always 0 and 2, then the command's own."""
+    listed = sorted({EXIT_DONE, EXIT_USAGE, *statuses})
+    return "exit statuses:\n" + "\n".join(f"  {code:<3} {EXIT_MEANINGS[code]}" for code in listed)
 
 SERVE_VARIABLES = """environment:
   Every variable in README "Configuration" (config/example.env has the list ready to
@@ -90,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=__doc__.split("\n\n")[0],
-        epilog=f"{PROG} COMMAND --help names the variables COMMAND reads.\n\n{EXIT_STATUSES}",
+        epilog=f"{PROG} COMMAND --help names the variables COMMAND reads and its exit statuses.\n\n"
+        + exit_statuses_text(tuple(EXIT_MEANINGS)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mlpa-aiohttp {__version__}")
@@ -101,13 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand(
-    commands: argparse._SubParsersAction, name: str, summary: str, variables: str, run: Runner
+    commands: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    variables: str,
+    run: Runner,
+    *,
+    exits: Sequence[int],
 ) -> argparse.ArgumentParser:
+    """`exits`: the statuses `run` can return besides 0 and 2 (tests/unit/test_readme_facts.py
+    checks them against the code)."""
     parser = commands.add_parser(
         name,
         help=summary,
         description=summary,
-        epilog=f"{variables}\n\n{EXIT_STATUSES}",
+        epilog=f"{variables}\n\n{exit_statuses_text(exits)}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(run=run)
@@ -129,7 +149,10 @@ def _port(text: str) -> int:
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve = _subcommand(
-        commands, "serve", "run the service with its configuration from the environment", SERVE_VARIABLES, _run_serve
+        commands, "serve", "run the service with its configuration from the environment",
+        SERVE_VARIABLES,
+        _run_serve,
+        exits=(EXIT_UNAVAILABLE, EXIT_CANNOT_LISTEN, EXIT_CONFIG),
     )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0, every interface)")
     serve.add_argument("--port", type=_port, default=None, help="port to listen on (default: PORT, else 8080)")
@@ -188,6 +211,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         "run the service on 127.0.0.1 against built-in fake LiteLLM and FxA servers (no database)",
         DEMO_VARIABLES,
         _run_demo,
+        exits=(EXIT_CANNOT_LISTEN, EXIT_CONFIG),
     )
     demo.add_argument("--port", type=_port, default=None, help="port of the service (default: PORT, else 8080)")
 
@@ -210,6 +234,7 @@ def _add_stack(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "stack", help="DEVELOPMENT: fake LiteLLM (end users in PostgreSQL) and fake FxA; prints keys, env, a token"
     )
     configure_parser(stack)
+    stack.epilog = f"{stack.epilog}\n\n{exit_statuses_text((EXIT_STACK_REFUSED, EXIT_CONFIG))}"
     stack.set_defaults(run=stack_command)
 
 
@@ -313,7 +338,12 @@ def demo_banner(base: str, litellm_port: int, fxa_port: int, token: str, ui_key:
 
 def _add_fake_upstream(commands: argparse._SubParsersAction) -> None:
     fake = _subcommand(
-        commands, "fake-upstream", "run the fake LiteLLM alone (for load tests)", FAKE_UPSTREAM_VARIABLES, _run_fake
+        commands,
+        "fake-upstream",
+        "run the fake LiteLLM alone (for load tests)",
+        FAKE_UPSTREAM_VARIABLES,
+        _run_fake,
+        exits=(EXIT_CANNOT_LISTEN,),
     )
     fake.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     fake.add_argument("--port", type=_port, default=4000, help="port to listen on (default: 4000)")
@@ -325,17 +355,32 @@ def _add_fake_upstream(commands: argparse._SubParsersAction) -> None:
 def _run_fake(args: argparse.Namespace) -> int:
     import uvloop
 
-    return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
+    try:
+        return uvloop.run(_fake_upstream(args.host, args.port, args.ttft, args.chunks, args.interval))
+    except OSError as error:
+        return _cannot_listen(error, args.host, args.port, os.environ)
 
 
 async def _fake_upstream(host: str, port: int, ttft: float, chunks: int, interval: float) -> int:
     from .testing.fake_litellm import run_fake_upstream
 
     configure_logging(level="WARNING", json=False)
-    server = asyncio.ensure_future(run_fake_upstream(host, port, ttft=ttft, chunks=chunks, interval=interval))
-    print(f"fake LiteLLM listening on http://{host}:{port}", flush=True)
+    server = asyncio.ensure_future(
+        run_fake_upstream(
+            host,
+            port,
+            ttft=ttft,
+            chunks=chunks,
+            interval=interval,
+            on_started=lambda url: print(f"fake LiteLLM listening on {url}", flush=True),
+        )
+    )
     waiter = asyncio.ensure_future(_wait_for_signal())
     await asyncio.wait({server, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if server.done() and not server.cancelled() and server.exception() is not None:
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        raise server.exception()  # the port could not be bound: one message, not a "listening" lie
     for task in (server, waiter):
         task.cancel()
     await asyncio.gather(server, waiter, return_exceptions=True)
@@ -352,6 +397,7 @@ def _add_migrate(commands: argparse._SubParsersAction) -> None:
         "create or upgrade the app database and seed the signup-capacity row",
         MIGRATE_VARIABLES,
         _run_migrate,
+        exits=(EXIT_UNAVAILABLE, EXIT_CONFIG),
     )
     migrate.add_argument(
         "--skip-role-timeouts",

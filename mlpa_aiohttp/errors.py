@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from aiohttp import hdrs
+
 # Error codes of the wire contract (spec §4.5).
 CODE_BUDGET_EXCEEDED = 1
 CODE_RATE_LIMITED = 2
@@ -159,7 +161,7 @@ class TooManyStreams(ApiError):
     def __init__(self) -> None:
         super().__init__(
             {"error": CODE_TOO_MANY_STREAMS},
-            headers={"Retry-After": str(TOO_MANY_STREAMS_RETRY_AFTER_SECONDS)},
+            headers={hdrs.RETRY_AFTER: str(TOO_MANY_STREAMS_RETRY_AFTER_SECONDS)},
         )
 
 
@@ -169,7 +171,7 @@ class UpstreamRejected(ApiError):
     def __init__(self, classification: Classification) -> None:
         headers = {}
         if classification.retry_after is not None:
-            headers["Retry-After"] = str(classification.retry_after)
+            headers[hdrs.RETRY_AFTER] = str(classification.retry_after)
         super().__init__({"error": classification.code}, status=classification.status, headers=headers)
         self.classification = classification
         self.availability_reason = classification.availability_reason

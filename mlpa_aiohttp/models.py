@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from . import headers as header_names
 from .catalog import BUILTIN_CATALOG, DEFAULT_CHAT_SERVICE_TYPE, DEFAULT_SEARCH_SERVICE_TYPE, MODEL_NAME, Catalog
 from .errors import BadRequest, InvalidModelName, RequestInvalid, ServiceTypeNotForModel
 from .validation import HEADER, QUERY, Model, Problem, validate, validate_json_body
@@ -39,12 +40,12 @@ class ProxyHeaders(BaseModel):
 
     # repr=False: credentials never reach a log line or an error report.
     authorization: str = Field(repr=False)
-    service_type: str = Field(alias="service-type")
-    use_app_attest: bool = Field(False, alias="use-app-attest")
-    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
-    use_play_integrity: bool = Field(False, alias="use-play-integrity")
-    purpose: str = ""
-    dev_authorization: str | None = Field(None, alias="x-dev-authorization", repr=False)
+    service_type: str = Field(alias=header_names.SERVICE_TYPE)
+    use_app_attest: bool = Field(False, alias=header_names.USE_APP_ATTEST)
+    use_qa_certificates: bool = Field(False, alias=header_names.USE_QA_CERTIFICATES)
+    use_play_integrity: bool = Field(False, alias=header_names.USE_PLAY_INTEGRITY)
+    purpose: str = Field("", alias=header_names.PURPOSE)
+    dev_authorization: str | None = Field(None, alias=header_names.DEV_AUTHORIZATION, repr=False)
 
 
 class AttestHeaders(BaseModel):
@@ -53,7 +54,7 @@ class AttestHeaders(BaseModel):
     model_config = _TEXT_VALUES
 
     authorization: str = Field(repr=False)
-    use_qa_certificates: bool = Field(False, alias="use-qa-certificates")
+    use_qa_certificates: bool = Field(False, alias=header_names.USE_QA_CERTIFICATES)
 
 
 class MockNoAuthHeaders(BaseModel):
@@ -62,7 +63,7 @@ class MockNoAuthHeaders(BaseModel):
     model_config = _TEXT_VALUES
 
     authorization: str = Field(repr=False)
-    service_type: str = Field(DEFAULT_CHAT_SERVICE_TYPE, alias="service-type")
+    service_type: str = Field(DEFAULT_CHAT_SERVICE_TYPE, alias=header_names.SERVICE_TYPE)
 
 
 def _names_of(model: type[BaseModel]) -> tuple[str, ...]:
@@ -91,18 +92,18 @@ class RequestRules:
         self.catalog = catalog
         names = enum.StrEnum("ServiceType", {name: name for name in catalog.names})  # type: ignore[misc]
         self.proxy_headers: type[ProxyHeaders] = create_model(
-            "ProxyHeaders", __base__=ProxyHeaders, service_type=(names, Field(alias="service-type"))
+            "ProxyHeaders", __base__=ProxyHeaders, service_type=(names, Field(alias=header_names.SERVICE_TYPE))
         )
         # `/v1/search`: service-type defaults to `search`.
         self.search_headers: type[ProxyHeaders] = create_model(
             "SearchHeaders",
             __base__=ProxyHeaders,
-            service_type=(names, Field(names(DEFAULT_SEARCH_SERVICE_TYPE), alias="service-type")),
+            service_type=(names, Field(names(DEFAULT_SEARCH_SERVICE_TYPE), alias=header_names.SERVICE_TYPE)),
         )
         self.mock_no_auth_headers: type[MockNoAuthHeaders] = create_model(
             "MockNoAuthHeaders",
             __base__=MockNoAuthHeaders,
-            service_type=(names, Field(names(DEFAULT_CHAT_SERVICE_TYPE), alias="service-type")),
+            service_type=(names, Field(names(DEFAULT_CHAT_SERVICE_TYPE), alias=header_names.SERVICE_TYPE)),
         )
         self._header_names = {
             model: _names_of(model) for model in (self.proxy_headers, self.search_headers, self.mock_no_auth_headers)

@@ -38,7 +38,8 @@ class SettingsError(ValueError):
         super().__init__("; ".join(self.problems))
 
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
+# The values that switch an option on, in variables and in opt-in headers alike.
+TRUTHY = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
 
@@ -84,7 +85,7 @@ class _Env:
     def bool(self, name: str, default: bool) -> bool:
         def parse(value: str) -> bool:
             lowered = value.lower()
-            if lowered in _TRUE:
+            if lowered in TRUTHY:
                 return True
             if lowered in _FALSE:
                 return False

@@ -11,7 +11,7 @@ import errno
 from typing import Mapping, Sequence
 
 from .observability.logging import log_startup_failure
-from .settings import SettingsError, variable_names
+from .settings import TRUTHY, SettingsError, variable_names
 from .settings_compat import unknown_variable_notes
 
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: PostgreSQL unreachable at start-up
@@ -27,13 +27,12 @@ DATABASE_HINT = (
     "`python -m mlpa_aiohttp migrate` creates the app database and its tables"
 )
 CATALOG_FILE_HINT = "; docs/catalog.md describes the catalogue file (`python -m mlpa_aiohttp catalog check FILE`)"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 def json_logs_requested(environ: Mapping[str, str]) -> bool:
     """`LOG_JSON` read leniently: the message about an invalid `LOG_JSON` needs a format too."""
     values = {k.upper(): v for k, v in environ.items()}
-    return values.get("LOG_JSON", "").strip().lower() in _TRUE
+    return values.get("LOG_JSON", "").strip().lower() in TRUTHY
 
 
 def report_config_error(

@@ -27,9 +27,6 @@ class StreamSlots:
     def enabled(self) -> bool:
         return self.limit > 0
 
-    def held(self, identity: str) -> int:
-        return self._held.get(identity, 0)
-
     def try_take(self, identity: str) -> bool:
         held = self._held.get(identity, 0)
         if held >= self.limit:

@@ -16,23 +16,10 @@ from typing import Any, MutableMapping, Sequence, TextIO
 import structlog
 
 from ..wire import loggable
+from .redaction import NEVER_LOGGED
 
-# Keys whose values never reach a log line, at any depth of the event.
-REDACTED_KEYS = frozenset(
-    {
-        "messages",
-        "tools",
-        "authorization",
-        "x-dev-authorization",
-        "master_key",
-        "master-key",
-        "mlpa_ui_access_key",
-        "mlpa-ui-access-key",
-        "password",
-        "cookie",
-        "query",
-    }
-)
+# Keys whose values never reach a log line, at any depth of the event (redaction.py).
+REDACTED_KEYS = NEVER_LOGGED
 REDACTED = "[redacted]"
 _MAX_DEPTH = 4
 

@@ -5,9 +5,10 @@ entry point. With an empty DSN it does nothing. Otherwise every error event pass
 `PrivacyFilter.before_send`, which
 
 * drops events that are not server faults: 4xx HTTP errors and client disconnects;
-* replaces request-body fields that carry user content (`messages`, `tools`, `query`,
-  `input`, `prompt`) and credential headers with "[Filtered]" (decision 17), wherever such
-  a key appears in the event (request data, frame locals, extra, breadcrumbs);
+* replaces the value of every field named in `redaction.SENSITIVE_FIELDS` (user content,
+  credential headers and fields) with "[Filtered]" (decision 17), wherever such a key
+  appears in the event (request data, headers, frame locals, extra, breadcrumbs), and a raw
+  body (`redaction.RAW_BODY_FIELDS`) whole unless it is already a structure;
 * replaces every occurrence of a configured secret value (MASTER_KEY, ...) in any string
   of the event, so a secret quoted in an exception message or a local variable is hidden.
 
@@ -31,30 +32,10 @@ from sentry_sdk.integrations.logging import ignore_logger
 
 from ..errors import ApiError
 from ..settings import Settings
+from .redaction import RAW_BODY_FIELDS, is_raw_body, is_sensitive
 
 FILTERED = "[Filtered]"
 
-# Request-body fields that carry user content (chat messages, tool definitions, search
-# queries, prompts); never sent to Sentry.
-CONTENT_FIELDS = frozenset({"messages", "tools", "query", "input", "prompt"})
-
-# Credential headers (lower-case). Both spellings of the admin headers are accepted (decision 12).
-CREDENTIAL_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "x-dev-authorization",
-        "master_key",
-        "master-key",
-        "mlpa_ui_access_key",
-        "mlpa-ui-access-key",
-        "cookie",
-        "set-cookie",
-    }
-)
-
-# Keys whose payload is a raw body in breadcrumb data (for example an HTTP client breadcrumb).
-BODY_KEYS = frozenset({"body", "data", "json", "payload", "request_body", "response_body"})
 
 # Shorter "secrets" would turn ordinary words into "[Filtered]" all over the event.
 MIN_SECRET_LENGTH = 4
@@ -136,7 +117,7 @@ class PrivacyFilter:
             data = crumb.get("data")
             if isinstance(data, dict):
                 crumb["data"] = {
-                    key: FILTERED if isinstance(key, str) and key.lower() in BODY_KEYS else value
+                    key: FILTERED if isinstance(key, str) and key.lower() in RAW_BODY_FIELDS else value
                     for key, value in data.items()
                 }
             return self._scrub_value(crumb)
@@ -163,10 +144,11 @@ class PrivacyFilter:
         return value
 
     def _scrub_item(self, key: Any, item: Any) -> Any:
-        if isinstance(key, str):
-            lowered = key.lower()
-            if lowered in CONTENT_FIELDS or lowered in CREDENTIAL_HEADERS:
-                return FILTERED
+        if is_sensitive(key):
+            return FILTERED
+        if is_raw_body(key, item):
+            # A body as text or bytes cannot be scrubbed field by field.
+            return FILTERED
         return self._scrub_value(item)
 
     def _hide_secrets(self, text: str) -> str:

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import re
 
+from .redaction import NEVER_LOGGED
+
 MAX_LOGGED_CHARS = 300
 MAX_QUOTED_CHARS = 40
 REDACTED = "[redacted]"
 
-_CONTENT_KEYS = (
-    "content|input|messages|message_content|text|query|prompt|arguments|tools|tool_calls|"
-    "system|instructions|user_input|body|data"
-)
+# The names of redaction.py: in an echoed body they mark content, credentials or a raw body.
+_CONTENT_KEYS = "|".join(re.escape(name) for name in sorted(NEVER_LOGGED, key=len, reverse=True))
 # "key": "value" / 'key': 'value' / key='value' (a quoted value, escapes included).
 _QUOTED_FIELD = re.compile(
     rf"""(?P<key>["']?\b(?:{_CONTENT_KEYS})\b["']?\s*[:=]\s*)(?P<q>["'])(?:\\.|(?!(?P=q)).)*(?P=q)""",

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from aiohttp import hdrs
+
 from .. import __version__
+from .. import headers as header_names
 from ..catalog import BUILTIN_CATALOG, DEFAULT_CHAT_SERVICE_TYPE, DEFAULT_SEARCH_SERVICE_TYPE, Catalog
 from ..errors import (
     CODE_BUDGET_EXCEEDED,
@@ -23,10 +26,14 @@ from ..errors import (
     CODE_SIGNUP_CAP,
     CODE_TOO_MANY_STREAMS,
     CODE_UPSTREAM_RATE_LIMITED,
+    GENERIC_UPSTREAM_MESSAGE,
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
 from ..models import ChatBody, SearchRequest
+from ..relay.stream import SHUTDOWN_FRAME
+from ..settings import TRUTHY
 from ..store.base import MEMORY_STORE_STATE
+from ..upstream.classify import BUDGET_EXCEEDED, RATE_LIMITED, UPSTREAM_RATE_LIMITED
 from ..validation import VALIDATION_ERROR_SCHEMA
 from ..wire import BODY_UNPARSEABLE, MAX_JSON_DEPTH
 
@@ -39,11 +46,11 @@ def chat_doc_service_types(catalog: Catalog) -> tuple[str, ...]:
     return tuple(name for name in catalog.names if name not in catalog.search_types)
 
 ERROR_CODES_TEXT = f"""Error codes (`error`):
-* {CODE_BUDGET_EXCEEDED}: budget exceeded (429, `Retry-After: 86400`)
-* {CODE_RATE_LIMITED}: rate limit (TPM/RPM) of the platform (429, `Retry-After: 60`)
+* {CODE_BUDGET_EXCEEDED}: budget exceeded (429, `Retry-After: {BUDGET_EXCEEDED.retry_after}`)
+* {CODE_RATE_LIMITED}: rate limit (TPM/RPM) of the platform (429, `Retry-After: {RATE_LIMITED.retry_after}`)
 * {CODE_PAYLOAD_TOO_LARGE}: request or context too large (413)
 * {CODE_SIGNUP_CAP}: maximum number of signed-in users reached (403)
-* {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: 60`)
+* {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: {UPSTREAM_RATE_LIMITED.retry_after}`)
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
@@ -54,14 +61,14 @@ BODY_UNPARSEABLE_TEXT = (
     f'`{{"detail": "{BODY_UNPARSEABLE}"}}`'
 )
 
-STREAM_TEXT = """`text/event-stream; charset=utf-8`. The status is always 200; LiteLLM's
+STREAM_TEXT = f"""`text/event-stream; charset=utf-8`. The status is always 200; LiteLLM's
 `data: {...}` chunks are relayed byte for byte and end with `data: [DONE]`. A stream that
 fails ends instead with one error frame and no `[DONE]`:
-* `data: {"error": N}`: a classified upstream error (codes above);
-* `data: {"code": S, "error": "Upstream service returned an error"}`: an unclassified
+* `data: {{"error": N}}`: a classified upstream error (codes above);
+* `data: {{"code": S, "error": "{GENERIC_UPSTREAM_MESSAGE}"}}`: an unclassified
   upstream error with status S (502 for transport errors, mid-stream failures and an empty
   upstream stream);
-* `data: {"code": 503, "error": "Server shutting down"}`: the server stopped during the
+* `{SHUTDOWN_FRAME.decode().strip()}`: the server stopped during the
   stream (graceful shutdown)."""
 
 _SSE_EVENT: Schema = {
@@ -95,11 +102,21 @@ def _header(name: str, description: str, schema: Schema | None = None, *, requir
 
 _BOOL_HEADER = {"type": "boolean", "default": False}
 _RETRY_AFTER = {
-    "Retry-After": {
-        "description": f"Seconds to wait (86400 for code 1, 60 for 2 and 5, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for 10)",
+    str(hdrs.RETRY_AFTER): {
+        "description": (
+            f"Seconds to wait ({BUDGET_EXCEEDED.retry_after} for code {CODE_BUDGET_EXCEEDED}, "
+            f"{RATE_LIMITED.retry_after} for {CODE_RATE_LIMITED}, {UPSTREAM_RATE_LIMITED.retry_after} for "
+            f"{CODE_UPSTREAM_RATE_LIMITED}, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS})"
+        ),
         "schema": {"type": "integer"},
     }
 }
+
+
+def _truthy_text() -> str:
+    """The header values that switch an option on, as the settings read them."""
+    first, *others = sorted(TRUTHY, key=lambda v: (len(v), v))
+    return f"`{first}` (or " + ", ".join(f"`{v}`" for v in others) + ")"
 
 
 def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default: str | None) -> list[Schema]:
@@ -109,36 +126,36 @@ def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default:
     purposes = "; ".join(f"`{st}`: {', '.join(catalog.purposes(st)) or '(none)'}" for st in catalog.names)
     return [
         _header(
-            "service-type",
+            header_names.SERVICE_TYPE,
             "Which product feature the request is for; selects the LiteLLM end user "
             "(`<uid>:<service-type>`) and its budget tier.",
             service_type,
             required=default is None,
         ),
         _header(
-            "purpose",
+            header_names.PURPOSE,
             "What the request is for, validated per service type (optional unless "
             f"`MLPA_REQUIRE_PURPOSE_HEADER=true`). Allowed values: {purposes}.",
             {"type": "string", "enum": list(catalog.all_purposes)},
         ),
         _header(
-            "x-dev-authorization",
+            header_names.DEV_AUTHORIZATION,
             "The experimentation token; required with the `*-dev` service types on every auth path.",
         ),
         _header(
-            "use-app-attest",
+            header_names.USE_APP_ATTEST,
             "Authenticate with an App Attest assertion: `Authorization` carries the assertion "
             "JWT (see the `AssertionAuth` schema); the signed data is SHA-256 of the raw body.",
             _BOOL_HEADER,
         ),
-        _header("use-qa-certificates", "Verify App Attest against the QA root (only if the server allows it).", _BOOL_HEADER),
+        _header(header_names.USE_QA_CERTIFICATES, "Verify App Attest against the QA root (only if the server allows it).", _BOOL_HEADER),
         _header(
-            "use-play-integrity",
+            header_names.USE_PLAY_INTEGRITY,
             "Authenticate with an MLPA access token from `POST /verify/play` (`Authorization: Bearer <token>`).",
             _BOOL_HEADER,
         ),
-        _header("X-Geo-Country", "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
-        _header("session-id", "Client session id (logging only)."),
+        _header(header_names.GEO_COUNTRY, "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
+        _header(header_names.SESSION_ID, "Client session id (logging only)."),
     ]
 
 
@@ -234,7 +251,7 @@ def _chat_operation(summary: str, description: str, headers: list[Schema], *, ba
 
 
 def _usage_operation(catalog: Catalog) -> Schema:
-    headers = [h for h in _proxy_headers(catalog, catalog.names, default=None) if h["name"] != "X-Geo-Country"]
+    headers = [h for h in _proxy_headers(catalog, catalog.names, default=None) if h["name"] != header_names.GEO_COUNTRY]
     errors = _proxy_error_responses(bare_413=False)
     return {
         "tags": ["usage"],
@@ -275,14 +292,14 @@ def _components(catalog: Catalog) -> Schema:
             "MasterKey": {
                 "type": "apiKey",
                 "in": "header",
-                "name": "master_key",
-                "description": "`Bearer <MASTER_KEY>`; also accepted as header `master-key`.",
+                "name": header_names.MASTER_KEY[0],
+                "description": f"`Bearer <MASTER_KEY>`; also accepted as header `{header_names.MASTER_KEY[1]}`.",
             },
             "UIAccessKey": {
                 "type": "apiKey",
                 "in": "header",
-                "name": "mlpa_ui_access_key",
-                "description": "`Bearer <MLPA_UI_ACCESS_KEY>`; also accepted as header `mlpa-ui-access-key`.",
+                "name": header_names.UI_ACCESS_KEY[0],
+                "description": f"`Bearer <MLPA_UI_ACCESS_KEY>`; also accepted as header `{header_names.UI_ACCESS_KEY[1]}`.",
             },
         },
         "schemas": {
@@ -434,7 +451,7 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
                 "tags": ["app attest"],
                 "summary": "Register an App Attest key",
                 "security": [{"AttestationAuth": []}],
-                "parameters": [_header("use-qa-certificates", "Verify against the QA root (if allowed).", _BOOL_HEADER)],
+                "parameters": [_header(header_names.USE_QA_CERTIFICATES, "Verify against the QA root (if allowed).", _BOOL_HEADER)],
                 "responses": {
                     "201": _json({"type": "object", "properties": {"status": {"const": "success"}}}, "Key stored"),
                     "400": _json(
@@ -597,8 +614,8 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
                 [
                     *chat_headers,
                     _header(
-                        "X-MLPA-Keepalive",
-                        "`1` (or `true`, `yes`, `on`): while a streamed answer waits for its first token, "
+                        header_names.STREAM_KEEPALIVE,
+                        f"{_truthy_text()}: while a streamed answer waits for its first token, "
                         "the server sends `: keep-alive` SSE comment lines every `STREAM_KEEPALIVE_SECONDS`. "
                         "Ignored when that is 0 (the default) and for non-streamed completions.",
                     ),
@@ -668,7 +685,7 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
             "Mock chat completion (FxA JWT verified locally)",
             "Only an FxA JWT access token, verified against the cached FxA JWKS; the user is "
             "`<uid>:<service-type>` (default `ai`)." + mock_note,
-            [_header("service-type", "Defaults to `ai`.", {"type": "string", "enum": list(catalog.names), "default": DEFAULT_CHAT_SERVICE_TYPE})],
+            [_header(header_names.SERVICE_TYPE, "Defaults to `ai`.", {"type": "string", "enum": list(catalog.names), "default": DEFAULT_CHAT_SERVICE_TYPE})],
             bare_413=False,
         )
         mock_no_auth["responses"]["401"] = _json(

@@ -29,17 +29,16 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from .. import keys
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault
+from ..headers import MASTER_KEY as MASTER_KEY_HEADERS
+from ..headers import UI_ACCESS_KEY as UI_ACCESS_KEY_HEADERS
 from ..models import BudgetUpdate, UsersPage, parse_query
 from ..store.base import EndUser, StoreUnavailable
 from ..validation import Problem, body_missing, validate_json_body
 from ..wire import is_identifier
-
-MASTER_KEY_HEADERS = ("master_key", "master-key")
-UI_ACCESS_KEY_HEADERS = ("mlpa_ui_access_key", "mlpa-ui-access-key")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -223,8 +222,8 @@ def _admin_page() -> Handler:
         for s in scripts
     )
     headers = {
-        "Cache-Control": "no-store",
-        "Content-Security-Policy": (
+        hdrs.CACHE_CONTROL: "no-store",
+        hdrs.CONTENT_SECURITY_POLICY: (
             f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
             "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
         ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .. import keys
@@ -34,4 +34,4 @@ async def scrape(request: web.Request) -> web.Response:
     settings = request.app[keys.SETTINGS]
     await _refresh_signup_capacity(request.app)
     payload = exposition(request.app[keys.METRICS], settings.observability.prometheus_multiproc_dir)
-    return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=payload, headers={hdrs.CONTENT_TYPE: CONTENT_TYPE_LATEST})

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
+from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
@@ -23,6 +24,7 @@ from ..relay.json_relay import relay_completion, relay_search
 from ..relay.outcome import CompletionOutcome
 from ..relay.keepalive import FirstByteKeepAlive
 from ..relay.stream import StreamRelay
+from ..settings import TRUTHY
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
 from .request_body import read_body
 
@@ -59,7 +61,7 @@ async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_b
 def _count_country(request: web.Request, service_type: str, model_label: str) -> None:
     """Once the caller is authenticated (spec §6: chat and search alike)."""
     request.app[keys.METRICS].requests_by_country.labels(
-        service_type, model_label, clamp_country(request.headers.get("X-Geo-Country"))
+        service_type, model_label, clamp_country(request.headers.get(GEO_COUNTRY))
     ).inc()
 
 
@@ -153,11 +155,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
 
 
-# A client opts its stream into keep-alive comments with this header (on/true/1/yes).
-KEEPALIVE_HEADER = "X-MLPA-Keepalive"
-_OPT_IN = frozenset({"1", "true", "yes", "on"})
-
-
 def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> FirstByteKeepAlive | None:
     """The keep-alive tick if this stream gets comments: the feature is on and the service
     type is configured for it or the client asked by header."""
@@ -167,7 +164,7 @@ def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> Firs
     service_types = request.app[keys.SETTINGS].stream_limits.keepalive_service_types
     if completion.outcome.service_type in service_types:
         return keepalive
-    if request.headers.get(KEEPALIVE_HEADER, "").strip().lower() in _OPT_IN:
+    if request.headers.get(STREAM_KEEPALIVE, "").strip().lower() in TRUTHY:
         return keepalive
     return None
 

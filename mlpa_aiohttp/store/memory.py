@@ -57,16 +57,6 @@ class MemoryUserStore:
         )
         return _end_user(row)
 
-    def add_user(self, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
-        """Seed a user directly (tests, demo)."""
-        self._users[user_id] = {
-            "user_id": user_id,
-            "alias": None,
-            "spend": 0.0,
-            "budget_id": budget_id,
-            "blocked": blocked,
-        }
-
     async def get_usage(self, user_id: str) -> BudgetUsage | None:
         row = self._users.get(user_id)
         if row is None:

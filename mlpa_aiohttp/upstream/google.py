@@ -23,6 +23,8 @@ import google.auth.transport.requests
 from google.auth.credentials import Credentials
 from google.oauth2 import service_account
 
+from ..headers import GOOGLE_USER_PROJECT
+
 PLAY_INTEGRITY_SCOPE = "https://www.googleapis.com/auth/playintegrity"
 DEFAULT_API_BASE = "https://playintegrity.googleapis.com"
 # Refresh this long before Google's stated expiry so a token never expires in flight.
@@ -147,9 +149,9 @@ async def decode_integrity_token(
     timeout_seconds: float = 30.0,
 ) -> dict[str, Any]:
     """Ask Google to decode `integrity_token`; return its JSON response (the verdict)."""
-    headers = {"Authorization": f"Bearer {access_token}"}
+    headers = {aiohttp.hdrs.AUTHORIZATION: f"Bearer {access_token}"}
     if quota_project:
-        headers["x-goog-user-project"] = quota_project
+        headers[GOOGLE_USER_PROJECT] = quota_project
     try:
         async with session.post(
             decode_integrity_token_url(api_base, package_name),

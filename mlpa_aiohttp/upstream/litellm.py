@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import structlog
+from aiohttp import hdrs
 
 from ..observability.metrics import Metrics
 from ..settings import UpstreamSettings
@@ -141,12 +142,12 @@ class LiteLLMClient:
         self._readiness_url = settings.url("/health/readiness")
         self._model_hub_url = settings.url("/public/model_hub/info")
         self._virtual_headers = {
-            "Authorization": f"Bearer {settings.virtual_key}",
-            "Content-Type": "application/json",
+            hdrs.AUTHORIZATION: f"Bearer {settings.virtual_key}",
+            hdrs.CONTENT_TYPE: "application/json",
         }
         self._master_headers = {
-            "Authorization": f"Bearer {settings.master_key}",
-            "Content-Type": "application/json",
+            hdrs.AUTHORIZATION: f"Bearer {settings.master_key}",
+            hdrs.CONTENT_TYPE: "application/json",
         }
         # No sock_read on streams: it would re-arm a timer per upstream read. Silence
         # before the headers is bounded below; after them, by the stream tracker's watch.

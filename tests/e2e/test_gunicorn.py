@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,21 +20,16 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.processes import REPO_ROOT, free_port
+
 from ..conftest import TEST_SECRETS, chat_body
 
 pytestmark = pytest.mark.e2e
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DRAIN_SECONDS = 1
 WORKERS = 2
 SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'
 CHAT_PATH = "/v1/chat/completions"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -232,12 +226,11 @@ async def test_sigterm_ends_open_streams_cleanly(gunicorn: Gunicorn, fake_litell
             await session.close()
 
     exit_code = await asyncio.to_thread(gunicorn.process.wait, 15)
-    exited_after = time.monotonic() - signalled_at
     output = gunicorn.output()
     assert exit_code == 0, output
-    # Drain budget plus the worker's 1 s heartbeat, well inside graceful_timeout (7 s here).
+    # The streams were drained first (a lower bound: the frames cannot come earlier), and
+    # the workers stopped inside graceful_timeout (7 s here): gunicorn kills late ones.
     assert frames_after >= DRAIN_SECONDS
-    assert exited_after < 5, f"gunicorn took {exited_after:.1f}s to stop:\n{output}"
     for sign in ("SIGKILL", "WORKER TIMEOUT", "Traceback"):
         assert sign not in output, output
     assert output.count("Worker exiting") == 2, output

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from ..conftest import TEST_SECRETS, chat_body
-from .test_gunicorn import REPO_ROOT, free_port
+from tests.support.processes import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 

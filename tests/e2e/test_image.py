@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 
 from ..conftest import TEST_SECRETS, chat_body
-from .test_gunicorn import free_port
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.image
 

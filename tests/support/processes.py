@@ -8,6 +8,10 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+# The checkout the tests run from (the e2e tests start its config files and modules).
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import pytest
 from tests.support.app_attest_device import TestAttestationCA, compact_json
 
 from ..conftest import Service, chat_body, events
-from .test_device_auth_routes import BUNDLE, TEAM, attested_device, ca, challenge_for, google  # noqa: F401
+from tests.support.device_service import BUNDLE, TEAM, attested_device, ca, challenge_for, google  # noqa: F401
 
 OTHER_APP_ID = f"{TEAM}.org.mozilla.ios.FirefoxBeta"
 

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
 
 from mlpa_aiohttp import keys
 
+from tests.support.metrics import sample
+from tests.support.store_seeding import seed_user
+from tests.support.waiting import wait_for
+
 from ..conftest import DEV_TOKEN, Service, chat_body, events
-
-
-def sample(service: Service, name: str, labels: dict[str, str]) -> float:
-    return service.app[keys.METRICS].registry.get_sample_value(name, labels) or 0.0
 
 
 def availability(service: Service, outcome: str, reason: str, model: str = "gpt-oss-120b", st: str = "ai") -> float:
@@ -233,7 +232,7 @@ async def test_provisioning_failure_is_500(make_service) -> None:
 
 
 async def test_blocked_user_is_403(service: Service) -> None:
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai", blocked=True)
+    await seed_user(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai", blocked=True)
     response = await service.chat()
     assert response.status == 403
     assert await response.json() == {"detail": {"error": "User is blocked."}}
@@ -301,9 +300,11 @@ async def test_budget_is_latency_error_but_availability_excluded(service: Servic
     assert sample(service, "mlpa_chat_request_rejections_total", {"reason": "budget_exceeded", **labels}) == 1
 
 
-async def test_transport_error_is_502_and_logged_once(make_service, caplog) -> None:
-    service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9")
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+async def test_transport_error_is_502_and_logged_once(make_service, fake_litellm_server, caplog) -> None:
+    service = await make_service()
+    await seed_user(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai")
+    # Then LiteLLM goes away: its port refuses connections.
+    await fake_litellm_server[1].close()
     response = await service.chat()
     assert response.status == 502
     assert await response.json() == {"detail": {"error": "Failed to proxy request"}}
@@ -314,10 +315,7 @@ async def test_transport_error_is_502_and_logged_once(make_service, caplog) -> N
 
 
 async def _upstream_asked(service: Service) -> None:
-    deadline = time.monotonic() + 2.0
-    while not service.litellm.requests_to("/v1/chat/completions"):
-        assert time.monotonic() < deadline, "LiteLLM was not asked in time"
-        await asyncio.sleep(0.005)
+    await wait_for(lambda: service.litellm.requests_to("/v1/chat/completions"))
 
 
 def _request_line(caplog) -> dict:
@@ -347,10 +345,7 @@ async def test_json_completion_abandoned_by_the_client_is_a_client_disconnect(se
     pending = asyncio.create_task(service.chat(chat_body()))
     await _upstream_asked(service)
     pending.cancel()
-    deadline = time.monotonic() + 2.0
-    while availability(service, "abort", "client_disconnect") == 0:
-        assert time.monotonic() < deadline, "the hang-up was not recorded in time"
-        await asyncio.sleep(0.005)
+    await wait_for(lambda: availability(service, "abort", "client_disconnect") == 1)
     assert availability(service, "excluded", "server_shutdown") == 0
     await asyncio.sleep(0.05)
     line = _request_line(caplog)

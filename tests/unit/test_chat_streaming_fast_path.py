@@ -23,8 +23,9 @@ from mlpa_aiohttp import keys
 from mlpa_aiohttp.relay.fast_path import FastRelay
 from mlpa_aiohttp.relay.stream import SHUTDOWN_FRAME
 
+from tests.support.waiting import wait_for
+
 from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
-from .test_chat_streaming import _wait_for
 
 PATHS = ["regular", "fast"]
 GENERIC_502 = b'data: {"code": 502, "error": "Upstream service returned an error"}\n\n'
@@ -222,7 +223,7 @@ async def test_slow_reader_holds_back_a_fast_upstream_then_gets_every_byte(
     assert size == blocks * len(block)
     assert digest.hexdigest() == hashlib.sha256(block * blocks).hexdigest()
     assert upstream.finished
-    await _wait_for(lambda: open_streams(service) == 0)
+    await wait_for(lambda: open_streams(service) == 0)
 
 
 # ---- hang-up, shutdown, silence, failures: with half an event relayed --------------------
@@ -236,13 +237,12 @@ async def test_client_hang_up_closes_the_upstream_at_once(make_service, raw_upst
     service = await service_on(make_service, server, path)
     response = await service.chat(chat_body(stream=True))
     assert await response.content.readany() == event(0)
-    closed_at = time.monotonic()
     response.close()
-    await asyncio.wait_for(upstream.disconnected.wait(), 1.0)
-    latency = upstream.disconnected_at - closed_at
-    assert latency < 0.05, f"upstream saw the close after {latency * 1000:.1f} ms"
+    # The upstream hangs for ever: only the client's hang-up can close its connection (how
+    # fast is tests/load/test_disconnect_latency.py's concern).
+    await wait_for(upstream.disconnected.is_set)
     assert_path_taken(path, takeovers)
-    await _wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: events(caplog, "client_disconnected"))
     assert not [e for e in events(caplog) if e["level"] in ("ERROR", "CRITICAL")]
     assert open_streams(service) == 0
 
@@ -264,9 +264,8 @@ async def test_silence_after_half_an_event_ends_with_a_framed_error(make_service
     upstream, server = await raw_upstream([HALF_EVENT, "hang"])
     service = await service_on(make_service, server, path, STREAMING_TIMEOUT_SECONDS="0.3")
     response = await service.chat(chat_body(stream=True))
-    started = time.monotonic()
-    assert await response.read() == HALF_EVENT + b"\n\n" + GENERIC_502
-    assert 0.25 <= time.monotonic() - started < 1.5
+    # The upstream hangs for ever: only the silence watch can end the stream.
+    assert await asyncio.wait_for(response.read(), timeout=10) == HALF_EVENT + b"\n\n" + GENERIC_502
     assert_path_taken(path, takeovers)
     failed = events(caplog, "upstream_stream_failed")
     assert len(failed) == 1 and failed[0]["error_type"] == "UpstreamSilent"

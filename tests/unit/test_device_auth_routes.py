@@ -19,55 +19,11 @@ import pytest
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.auth.access_token import issue_access_token
 from tests.support.app_attest_device import TestAttestationCA, TestDevice, compact_json
+from tests.support.device_service import BUNDLE, TEAM, attested_device, ca, challenge_for, google  # noqa: F401 (fixtures)
+from tests.support.device_service import device_service as service  # noqa: F401 (fixture)
 from tests.support.fake_google import FakeGoogle, make_verdict
 
 from ..conftest import DEV_TOKEN, Service, chat_body
-
-TEAM = "TEAMID1234"
-BUNDLE = "org.mozilla.ios.Firefox"
-
-
-@pytest.fixture(scope="module")
-def ca() -> TestAttestationCA:
-    return TestAttestationCA()
-
-
-@pytest.fixture
-async def google(tmp_path: Path):
-    fake = FakeGoogle()
-    async with fake.serve():
-        fake.credentials_file = fake.write_service_account_file(tmp_path / "sa.json")
-        yield fake
-
-
-@pytest.fixture
-async def service(make_service, ca: TestAttestationCA, google: FakeGoogle, tmp_path: Path) -> Service:
-    root = tmp_path / "root.pem"
-    root.write_bytes(ca.root_pem)
-    return await make_service(
-        APP_ATTEST_ROOT_CA_PATH=str(root),
-        APP_DEVELOPMENT_TEAM=TEAM,
-        PLAY_INTEGRITY_API_BASE=google.base_url,
-        PLAY_INTEGRITY_CREDENTIALS_FILE=str(google.credentials_file),
-    )
-
-
-async def challenge_for(service: Service, key_id_b64: str) -> str:
-    response = await service.client.get("/verify/challenge", params={"key_id_b64": key_id_b64})
-    assert response.status == 200
-    return (await response.json())["challenge"]
-
-
-async def attested_device(service: Service, ca: TestAttestationCA) -> TestDevice:
-    device = TestDevice(ca, TEAM, BUNDLE)
-    challenge = await challenge_for(service, device.key_id_b64)
-    response = await service.client.post(
-        "/verify/attest", headers={"authorization": f"Bearer {device.attestation_jwt(challenge)}"}
-    )
-    assert response.status == 201, await response.text()
-    assert await response.json() == {"status": "success"}
-    return device
-
 
 async def assert_chat(service: Service, device: TestDevice, counter: int, *, body: bytes | None = None, **headers: str):
     raw = body if body is not None else compact_json(chat_body(stream=True))

@@ -237,26 +237,41 @@ async def test_verify_calls_are_counted_by_token_digest(
 async def test_verify_delay_per_token(
     fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
+    """Only the slow token waits: sent first, its answer still comes after the other one's."""
     slow = fake.add_opaque_token("slow-token", "uid-slow")
     fake.verify_delay = lambda token: 0.3 if token == slow else 0.0
+    answered: list[str] = []
 
-    async def timed(token: str) -> float:
-        started = time.monotonic()
+    async def answer(token: str) -> None:
         assert (await verify(session, server, token))[0] == 200
-        return time.monotonic() - started
+        answered.append(token)
 
-    slow_elapsed, fast_elapsed = await asyncio.gather(timed(slow), timed(DEMO_TOKEN))
-    assert slow_elapsed >= 0.3
-    assert fast_elapsed < 0.2
+    slow_one = asyncio.ensure_future(answer(slow))
+    await asyncio.sleep(0)  # the slow request goes out first
+    await answer(DEMO_TOKEN)
+    assert answered == [DEMO_TOKEN] and not slow_one.done()
+    await slow_one
+    assert answered == [DEMO_TOKEN, slow]
 
 
 async def test_verify_delay_constant(
     fake: FakeFxA, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
+    """The delay holds `/verify` only: a JWKS fetch sent after it is answered before it."""
     fake.verify_delay = 0.2
-    started = time.monotonic()
-    await verify(session, server, DEMO_TOKEN)
-    assert time.monotonic() - started >= 0.2
+    answered: list[str] = []
+
+    async def verified() -> None:
+        await verify(session, server, DEMO_TOKEN)
+        answered.append("verify")
+
+    pending = asyncio.ensure_future(verified())
+    await asyncio.sleep(0)
+    await fetch_jwks(session, server)
+    answered.append("jwks")
+    assert not pending.done()
+    await pending
+    assert answered == ["jwks", "verify"]
 
 
 async def test_down_answers_503_everywhere(

@@ -9,13 +9,15 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from typing import Any, Callable
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
+
+from tests.support.metrics import sample, samples
+from tests.support.store_seeding import seed_user
+from tests.support.waiting import wait_for
 
 from ..conftest import Service, ServiceFactory, chat_body
 
@@ -23,29 +25,8 @@ CHAT = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
 FIREFOX_UA = "Mozilla/5.0 (X11; Linux x86_64; rv:155.0) Gecko/20100101 Firefox/155.0"
 
 
-def value(service: Service, name: str, labels: dict[str, str] | None = None) -> float:
-    return service.app[keys.METRICS].registry.get_sample_value(name, labels or {}) or 0.0
-
-
-def samples(service: Service, name: str) -> list[tuple[dict[str, str], float]]:
-    """Every non-zero sample called `name`, with its labels."""
-    found = []
-    for family in service.app[keys.METRICS].registry.collect():
-        for sample in family.samples:
-            if sample.name == name and sample.value:
-                found.append((dict(sample.labels), sample.value))
-    return found
-
-
 def availability(service: Service) -> list[tuple[dict[str, str], float]]:
     return samples(service, "mlpa_chat_availability_total")
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 # -- request instrumentation ------------------------------------------------------------------
@@ -56,10 +37,10 @@ async def test_request_counters_latency_and_status(service: Service) -> None:
     response = await service.client.get("/health/liveness", headers=headers)
     assert response.status == 200
     labels = {"method": "GET", "endpoint": "/health/liveness", "service_type": "ai", "purpose": "chat", "major_fx_version": "155"}
-    assert value(service, "mlpa_requests_total", labels) == 1
-    assert value(service, "mlpa_response_status_codes_total", {"status_code": "200"}) == 1
-    assert value(service, "mlpa_request_latency_seconds_count", {"method": "GET", "endpoint": "/health/liveness"}) == 1
-    assert value(service, "mlpa_in_progress_requests") == 0
+    assert sample(service, "mlpa_requests_total", labels) == 1
+    assert sample(service, "mlpa_response_status_codes_total", {"status_code": "200"}) == 1
+    assert sample(service, "mlpa_request_latency_seconds_count", {"method": "GET", "endpoint": "/health/liveness"}) == 1
+    assert sample(service, "mlpa_in_progress_requests") == 0
 
 
 @pytest.mark.parametrize(
@@ -101,8 +82,8 @@ async def test_unmatched_paths_share_one_label(service: Service) -> None:
         assert (await service.client.get(path)).status == 404
     (labels, count), = samples(service, "mlpa_requests_total")
     assert (labels["endpoint"], count) == ("unmatched", 3)
-    assert value(service, "mlpa_request_latency_seconds_count", {"method": "GET", "endpoint": "unmatched"}) == 3
-    assert value(service, "mlpa_response_status_codes_total", {"status_code": "404"}) == 3
+    assert sample(service, "mlpa_request_latency_seconds_count", {"method": "GET", "endpoint": "unmatched"}) == 3
+    assert sample(service, "mlpa_response_status_codes_total", {"status_code": "404"}) == 3
 
 
 async def test_route_templates_are_the_endpoint_label(make_service: ServiceFactory) -> None:
@@ -117,24 +98,22 @@ async def test_unknown_methods_are_invalid(service: Service) -> None:
     assert response.status == 405
     (labels, _), = samples(service, "mlpa_requests_total")
     assert labels["method"] == "INVALID"
-    assert value(service, "mlpa_request_latency_seconds_count", {"method": "INVALID", "endpoint": labels["endpoint"]}) == 1
+    assert sample(service, "mlpa_request_latency_seconds_count", {"method": "INVALID", "endpoint": labels["endpoint"]}) == 1
 
 
 async def test_stream_latency_and_in_progress_cover_the_whole_stream(service: Service) -> None:
     service.litellm.interval = 0.1
     service.litellm.chunks = 5
-    started = time.monotonic()
     response = await service.chat(chat_body(stream=True))
     assert b"data: " in await response.content.readany()
-    headers_after = time.monotonic() - started
     # Headers and the first chunk are out; the stream is still being relayed.
-    assert value(service, "mlpa_in_progress_requests") == 1
-    assert value(service, "mlpa_request_latency_seconds_count", {"method": "POST", "endpoint": "/v1/chat/completions"}) == 0
+    assert sample(service, "mlpa_in_progress_requests") == 1
+    assert sample(service, "mlpa_request_latency_seconds_count", {"method": "POST", "endpoint": "/v1/chat/completions"}) == 0
     await response.read()
-    await wait_for(lambda: value(service, "mlpa_in_progress_requests") == 0)
-    latency = value(service, "mlpa_request_latency_seconds_sum", {"method": "POST", "endpoint": "/v1/chat/completions"})
-    assert headers_after < 0.2
-    assert latency >= 0.45, f"request latency {latency:.3f}s does not cover the stream"
+    await wait_for(lambda: sample(service, "mlpa_in_progress_requests") == 0)
+    latency = sample(service, "mlpa_request_latency_seconds_sum", {"method": "POST", "endpoint": "/v1/chat/completions"})
+    # At least the fake's own pauses between its chunks (a lower bound: cannot flake).
+    assert latency >= (service.litellm.chunks - 1) * service.litellm.interval, f"request latency {latency:.3f}s does not cover the stream"
 
 
 # -- availability: exactly one sample per chat request that reaches a recording site -----------
@@ -207,7 +186,7 @@ async def test_pre_completion_rejections(service: Service, override: dict, expec
 
 
 async def test_blocked_user(service: Service) -> None:
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai", blocked=True)
+    await seed_user(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai", blocked=True)
     response = await service.chat()
     assert response.status == 403
     assert availability(service) == [({"outcome": "excluded", "reason": "blocked", **CHAT}, 1.0)]
@@ -229,7 +208,7 @@ async def test_oversized_chat_request(make_service: ServiceFactory) -> None:
         ({"outcome": "excluded", "reason": "payload_too_large", "model": "invalid", "service_type": "ai", "purpose": "chat"}, 1.0)
     ]
     # The 413 passes through the request instrumentation (decision 7).
-    assert value(service, "mlpa_response_status_codes_total", {"status_code": "413"}) == 1
+    assert sample(service, "mlpa_response_status_codes_total", {"status_code": "413"}) == 1
 
 
 async def test_validation_errors_are_not_availability_samples(service: Service) -> None:
@@ -250,9 +229,9 @@ async def test_unknown_model_is_invalid_on_failures_and_raw_on_success(service: 
     failed = await service.chat(chat_body(model=model, scenario="budget_429"))
     assert failed.status == 429
     labels = {"service_type": "ai", "purpose": ""}
-    assert value(service, "mlpa_chat_completion_latency_seconds_count", {"result": "success", "model": model, **labels}) == 1
-    assert value(service, "mlpa_chat_completion_latency_seconds_count", {"result": "error", "model": "invalid", **labels}) == 1
-    assert value(service, "mlpa_chat_request_rejections_total", {"reason": "budget_exceeded", "model": "invalid", **labels}) == 1
+    assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "success", "model": model, **labels}) == 1
+    assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "error", "model": "invalid", **labels}) == 1
+    assert sample(service, "mlpa_chat_request_rejections_total", {"reason": "budget_exceeded", "model": "invalid", **labels}) == 1
     assert {l["model"] for l, _ in availability(service)} == {"invalid"}
     assert {l["model"] for l, _ in samples(service, "mlpa_requests_by_country_total")} == {"invalid"}
 
@@ -282,7 +261,7 @@ async def test_search_country_uses_the_search_model(service: Service) -> None:
     assert samples(service, "mlpa_requests_by_country_total") == [
         ({"service_type": "search", "model": "exa-search", "client_country": "DE"}, 1.0)
     ]
-    assert value(service, "mlpa_search_latency_seconds_count", {"result": "success"}) == 1
+    assert sample(service, "mlpa_search_latency_seconds_count", {"result": "success"}) == 1
     assert availability(service) == []
 
 
@@ -296,7 +275,7 @@ async def test_search_rejection(service: Service) -> None:
     assert samples(service, "mlpa_search_request_rejections_total") == [
         ({"reason": "budget_exceeded", "model": "exa-search", "service_type": "search", "purpose": ""}, 1.0)
     ]
-    assert value(service, "mlpa_search_latency_seconds_count", {"result": "error"}) == 1
+    assert sample(service, "mlpa_search_latency_seconds_count", {"result": "error"}) == 1
 
 
 # -- success-side metrics -----------------------------------------------------------------------
@@ -305,14 +284,14 @@ async def test_search_rejection(service: Service) -> None:
 async def test_success_side_metrics_of_a_stream(service: Service) -> None:
     response = await service.chat(chat_body(stream=True))
     await response.read()
-    assert value(service, "mlpa_chat_completion_ttft_seconds_count", {"model": "gpt-oss-120b"}) == 1
-    assert value(service, "mlpa_chat_tokens_total", {"type": "prompt", **CHAT}) == service.litellm.prompt_tokens
-    assert value(service, "mlpa_chat_tokens_per_request_count", {"type": "completion", **CHAT}) == 1
+    assert sample(service, "mlpa_chat_completion_ttft_seconds_count", {"model": "gpt-oss-120b"}) == 1
+    assert sample(service, "mlpa_chat_tokens_total", {"type": "prompt", **CHAT}) == service.litellm.prompt_tokens
+    assert sample(service, "mlpa_chat_tokens_per_request_count", {"type": "completion", **CHAT}) == 1
     routed = {"requested_model": "gpt-oss-120b", "backend": "https://api.fake-provider.test/v1", "service_type": "ai", "purpose": ""}
-    assert value(service, "mlpa_litellm_routed_completions_total", {**routed, "fallback_used": "false"}) == 1
-    assert value(service, "mlpa_litellm_attempted_fallbacks_count", routed) == 1
-    assert value(service, "mlpa_litellm_reported_duration_seconds_sum", {**routed, "fallback_used": "false"}) == pytest.approx(0.0125)
-    assert value(service, "mlpa_litellm_reported_cost_usd_total", {**routed, "fallback_used": "false"}) == pytest.approx(0.00012)
+    assert sample(service, "mlpa_litellm_routed_completions_total", {**routed, "fallback_used": "false"}) == 1
+    assert sample(service, "mlpa_litellm_attempted_fallbacks_count", routed) == 1
+    assert sample(service, "mlpa_litellm_reported_duration_seconds_sum", {**routed, "fallback_used": "false"}) == pytest.approx(0.0125)
+    assert sample(service, "mlpa_litellm_reported_cost_usd_total", {**routed, "fallback_used": "false"}) == pytest.approx(0.00012)
 
 
 async def test_routing_headers_fallback_and_missing_backend(service: Service) -> None:
@@ -320,7 +299,7 @@ async def test_routing_headers_fallback_and_missing_backend(service: Service) ->
     response = await service.chat()
     assert response.status == 200
     routed = {"requested_model": "gpt-oss-120b", "backend": "unknown", "service_type": "ai", "purpose": ""}
-    assert value(service, "mlpa_litellm_routed_completions_total", {**routed, "fallback_used": "true"}) == 1
+    assert sample(service, "mlpa_litellm_routed_completions_total", {**routed, "fallback_used": "true"}) == 1
     assert samples(service, "mlpa_litellm_reported_duration_seconds_count") == []
     assert samples(service, "mlpa_litellm_reported_cost_usd_total") == []
 
@@ -329,10 +308,10 @@ async def test_fxa_metrics(service: Service) -> None:
     await service.chat()
     await service.chat()
     await service.chat(headers=service.headers(authorization="Bearer bad"))
-    assert value(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "success", "verification_source": "local"}) == 1
-    assert value(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "success", "verification_source": "cached"}) == 1
-    assert value(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "error", "verification_source": "unknown"}) == 1
-    assert value(service, "mlpa_fxa_verifications_total", {"verification_source": "local"}) == 1
+    assert sample(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "success", "verification_source": "local"}) == 1
+    assert sample(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "success", "verification_source": "cached"}) == 1
+    assert sample(service, "mlpa_validate_fxa_latency_seconds_count", {"result": "error", "verification_source": "unknown"}) == 1
+    assert sample(service, "mlpa_fxa_verifications_total", {"verification_source": "local"}) == 1
 
 
 async def test_requests_with_tools(service: Service) -> None:

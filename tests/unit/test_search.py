@@ -6,6 +6,8 @@ import pytest
 
 from mlpa_aiohttp import keys
 
+from tests.support.store_seeding import seed_user
+
 from ..conftest import Service
 
 
@@ -54,6 +56,6 @@ async def test_search_classified_error(service: Service) -> None:
 
 
 async def test_search_blocked_user(service: Service) -> None:
-    service.app[keys.STORE].add_user("test-uid:search", blocked=True)
+    await seed_user(service.app[keys.STORE], "test-uid:search", blocked=True)
     response = await search(service, {"query": "q", "max_results": 1})
     assert response.status == 403 and await response.json() == {"detail": {"error": "User is blocked."}}

@@ -4,21 +4,18 @@ reference")."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import pytest
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.testing.fake_litellm import IN_BAND_ERROR_EVENT, Scenario, in_band_error_event
 
+from tests.support.metrics import recorded
+from tests.support.waiting import wait_for
+
 from ..conftest import Service, chat_body, events
 
 LABELS = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
-
-
-def sample(service: Service, name: str, labels: dict[str, str]) -> float | None:
-    return service.app[keys.METRICS].registry.get_sample_value(name, labels)
 
 
 def sent_upstream(service: Service) -> bytes:
@@ -26,14 +23,6 @@ def sent_upstream(service: Service) -> bytes:
     sent = service.litellm.requests_to("/v1/chat/completions")[-1].sent
     assert sent is not None, "set litellm.record_sent_streams first"
     return bytes(sent)
-
-
-async def wait_for(condition, timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 # ---- item 3: errors inside a 200 stream --------------------------------------------------------
@@ -62,10 +51,10 @@ async def test_classified_in_band_error_is_relayed_untouched_and_recorded(servic
     assert b"[DONE]" not in relayed
     assert relayed == sent_upstream(service)
 
-    assert sample(service, "mlpa_chat_availability_total", {"outcome": outcome, "reason": reason, **LABELS}) == 1
-    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) is None
-    assert sample(service, "mlpa_chat_request_rejections_total", {"reason": rejection, **LABELS}) == 1
-    assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "error", **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_availability_total", {"outcome": outcome, "reason": reason, **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) is None
+    assert recorded(service, "mlpa_chat_request_rejections_total", {"reason": rejection, **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_completion_latency_seconds_count", {"result": "error", **LABELS}) == 1
     [logged] = [e for e in events(caplog) if e.get("in_band")]
     assert (logged["event"], logged["level"]) == (log_event, level)
     [line] = events(caplog, "request")
@@ -82,8 +71,8 @@ async def test_generic_in_band_error_is_a_failure_with_the_captured_event(servic
     assert relayed.endswith(IN_BAND_ERROR_EVENT)
     assert relayed == sent_upstream(service)
 
-    assert sample(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "upstream_error", **LABELS}) == 1
-    assert sample(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) is None
+    assert recorded(service, "mlpa_chat_availability_total", {"outcome": "failure", "reason": "upstream_error", **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) is None
     [logged] = [e for e in events(caplog) if e.get("in_band")]
     assert (logged["event"], logged["level"], logged["upstream_status"]) == ("upstream_error", "ERROR", 500)
     assert "APIConnectionError" in logged["upstream_detail"]
@@ -99,8 +88,8 @@ async def test_normal_stream_is_still_a_success(service: Service, caplog) -> Non
     relayed = await response.read()
     assert relayed.endswith(b"data: [DONE]\n\n")
     assert relayed == sent_upstream(service)
-    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
-    assert sample(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) == service.litellm.chunks
+    assert recorded(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) == service.litellm.chunks
     assert not [e for e in events(caplog) if e.get("in_band")]
     [line] = events(caplog, "request")
     assert line["result"] == "success"
@@ -112,7 +101,7 @@ async def test_error_text_inside_message_content_is_not_an_error(service: Servic
     service.litellm.chunks = 2
     response = await service.chat(chat_body(stream=True))
     await response.read()
-    assert sample(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
+    assert recorded(service, "mlpa_chat_availability_total", {"outcome": "success", "reason": "valid_response", **LABELS}) == 1
 
 
 # ---- item 5: what an aborted stream cost -------------------------------------------------------
@@ -135,11 +124,11 @@ async def test_client_leaving_after_n_chunks_counts_the_content_deltas(service: 
     received = await read_until(response, b'"content":"', content_chunks + 1)
     assert received.count(b'"content":""') == 1
     response.close()
-    await wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: events(caplog, "client_disconnected"), timeout=3.0)
 
-    assert sample(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **LABELS, "kind": "content_deltas"}) == content_chunks
-    assert sample(service, "mlpa_aborted_stream_tokens_total", {"type": "prompt", **LABELS, "kind": "content_deltas"}) is None
-    assert sample(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) is None
+    assert recorded(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **LABELS, "kind": "content_deltas"}) == content_chunks
+    assert recorded(service, "mlpa_aborted_stream_tokens_total", {"type": "prompt", **LABELS, "kind": "content_deltas"}) is None
+    assert recorded(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) is None
     [line] = events(caplog, "client_disconnected")
     assert (line["aborted_completion_tokens"], line["aborted_tokens_kind"]) == (content_chunks, "content_deltas")
 
@@ -151,12 +140,12 @@ async def test_usage_wins_over_content_deltas(service: Service, caplog) -> None:
     response = await service.chat(chat_body(stream=True))
     await read_until(response, b'"usage":{', 1)
     response.close()
-    await wait_for(lambda: events(caplog, "client_disconnected"))
+    await wait_for(lambda: events(caplog, "client_disconnected"), timeout=3.0)
 
     usage = {**LABELS, "kind": "usage"}
-    assert sample(service, "mlpa_aborted_stream_tokens_total", {"type": "prompt", **usage}) == 11
-    assert sample(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **usage}) == 4
-    assert sample(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **LABELS, "kind": "content_deltas"}) is None
+    assert recorded(service, "mlpa_aborted_stream_tokens_total", {"type": "prompt", **usage}) == 11
+    assert recorded(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **usage}) == 4
+    assert recorded(service, "mlpa_aborted_stream_tokens_total", {"type": "completion", **LABELS, "kind": "content_deltas"}) is None
     [line] = events(caplog, "client_disconnected")
     assert (line["aborted_completion_tokens"], line["aborted_tokens_kind"]) == (4, "usage")
 
@@ -167,4 +156,4 @@ async def test_finished_stream_counts_nothing_as_aborted(service: Service) -> No
     registry = service.app[keys.METRICS].registry
     aborted = [m for m in registry.collect() if m.name == "mlpa_aborted_stream_tokens"]
     assert [s for m in aborted for s in m.samples if s.name.endswith("_total")] == []
-    assert sample(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) == service.litellm.chunks
+    assert recorded(service, "mlpa_chat_tokens_total", {"type": "completion", **LABELS}) == service.litellm.chunks

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import pytest
 
 from mlpa_aiohttp import keys
+
+from tests.support.metrics import sample
+from tests.support.store_seeding import slots_held
+from tests.support.waiting import wait_for
 
 from ..conftest import Service, chat_body, events
 
@@ -17,22 +20,8 @@ LABELS = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
 TOO_MANY_STREAMS = {"detail": {"error": 10}}
 
 
-def sample(service: Service, name: str, labels: dict[str, str]) -> float:
-    return service.app[keys.METRICS].registry.get_sample_value(name, labels) or 0.0
-
-
 def held(service: Service, user_id: str = "test-uid:ai") -> int:
-    return service.app[keys.STREAM_SLOTS].held(user_id)
-
-
-async def wait_for(condition, timeout: float = 2.0) -> float:
-    """Seconds until `condition()` held."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.001)
-    return time.monotonic() - started
+    return slots_held(service.app[keys.STREAM_SLOTS], user_id)
 
 
 async def open_hanging_stream(service: Service, **headers: str):
@@ -89,14 +78,18 @@ async def test_concurrent_requests_never_exceed_the_cap(make_service) -> None:
     await wait_for(lambda: held(service) == 0)
 
 
-async def test_a_client_that_hangs_up_frees_its_slot_at_once(make_service) -> None:
+async def test_a_client_that_hangs_up_frees_its_slot_at_once(make_service, caplog) -> None:
     service = await make_service(MAX_CONCURRENT_STREAMS_PER_USER="1")
     response = await open_hanging_stream(service)
     assert (await service.chat(chat_body(stream=True))).status == 429
+    [upstream] = service.litellm.requests_to("/v1/chat/completions")
     response.close()
-    freed_after = await wait_for(lambda: held(service) == 0, timeout=1.0)
-    # The connection-lost callback cancels the handler: no poll, no timer in between.
-    assert freed_after < 0.1, f"slot freed {freed_after * 1000:.1f} ms after the hang-up"
+    await wait_for(lambda: held(service) == 0)
+    # LiteLLM is still silent and the silence watch is STREAMING_TIMEOUT_SECONDS (300 s)
+    # away: only the hang-up (the connection-lost callback) can have ended the stream, and
+    # it also closed the upstream request.
+    await wait_for(upstream.disconnected.is_set)
+    assert len(events(caplog, "client_disconnected")) == 1
     following = await service.chat(chat_body(stream=True))
     assert following.status == 200
     assert (await following.read()).endswith(b"data: [DONE]\n\n")

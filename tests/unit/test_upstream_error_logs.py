@@ -11,6 +11,8 @@ from aiohttp import web
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.upstream_text import MAX_LOGGED_CHARS, upstream_text_for_log
 
+from tests.support.store_seeding import seed_user
+
 from ..conftest import chat_body, events
 
 SECRET = "my private diary entry about the neighbours"
@@ -61,7 +63,7 @@ async def test_an_upstream_error_echoing_the_prompt_is_logged_scrubbed(make_serv
     upstream.router.add_post("/v1/chat/completions", echoing_error)
     server = await aiohttp_server(upstream)
     service = await make_service(LITELLM_API_BASE=str(server.make_url("")).rstrip("/"), MLPA_DEBUG="true")
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+    await seed_user(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai")
 
     response = await service.chat(chat_body(stream=stream, messages=[{"role": "user", "content": SECRET}]))
     text = await response.text()

@@ -14,9 +14,11 @@ from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from tests.support.app_attest_device import TestAttestationCA
 
+from tests.support.store_seeding import seed_user
+
 from ..conftest import DEV_TOKEN, Service, chat_body
-from .test_device_auth_routes import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
-from .test_device_auth_routes import service as device_service  # noqa: F401 (fixture)
+from tests.support.device_service import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
+from tests.support.device_service import device_service  # noqa: F401 (fixture)
 
 AI = DEFAULT_BUDGETS[ServiceType.AI]
 
@@ -101,7 +103,7 @@ async def test_an_unknown_user_is_404_and_nothing_is_created(service: Service) -
 
 
 async def test_a_blocked_user_is_403_as_on_chat(service: Service) -> None:
-    memory_store(service).add_user("blocked-uid:ai", AI.budget_id, blocked=True)
+    await seed_user(memory_store(service), "blocked-uid:ai", AI.budget_id, blocked=True)
     response = await get_usage(service, service.fxa.issue_jwt("blocked-uid"))
     assert (response.status, await response.json()) == (403, {"detail": {"error": "User is blocked."}})
 
@@ -122,7 +124,7 @@ async def test_authentication_and_service_type_rules_are_chats(service: Service)
     # Dev tiers need the experimentation token, as on chat.
     no_dev_key = await get_usage(service, token, service_type="ai-dev")
     assert no_dev_key.status == 401
-    memory_store(service).add_user("alice:ai-dev", DEFAULT_BUDGETS[ServiceType.AI_DEV].budget_id)
+    await seed_user(memory_store(service), "alice:ai-dev", DEFAULT_BUDGETS[ServiceType.AI_DEV].budget_id)
     with_dev_key = await get_usage(service, token, service_type="ai-dev", x_dev_authorization=DEV_TOKEN)
     assert with_dev_key.status == 200
     assert (await with_dev_key.json())["rpm_limit"] == DEFAULT_BUDGETS[ServiceType.AI_DEV].rpm_limit
@@ -132,7 +134,7 @@ async def test_usage_with_an_app_attest_assertion_over_the_empty_body(
     device_service: Service, ca: TestAttestationCA  # noqa: F811
 ) -> None:
     device = await attested_device(device_service, ca)
-    memory_store(device_service).add_user(f"{device.key_id_b64}:ai", AI.budget_id)
+    await seed_user(memory_store(device_service), f"{device.key_id_b64}:ai", AI.budget_id)
     challenge = await challenge_for(device_service, device.key_id_b64)
     headers = {
         "authorization": f"Bearer {device.assertion_jwt(challenge, b'', 1)}",
@@ -147,7 +149,7 @@ async def test_usage_with_an_app_attest_assertion_over_the_empty_body(
 async def test_usage_with_a_play_integrity_access_token(service: Service) -> None:
     secret = service.app[keys.SETTINGS].auth.access_token_secret
     token = issue_access_token(secret, "android-user", 3600, time.time())
-    memory_store(service).add_user("android-user:s2s-android", DEFAULT_BUDGETS[ServiceType.S2S_ANDROID].budget_id)
+    await seed_user(memory_store(service), "android-user:s2s-android", DEFAULT_BUDGETS[ServiceType.S2S_ANDROID].budget_id)
     headers = {"authorization": f"Bearer {token}", "service-type": "s2s-android", "use-play-integrity": "1"}
     response = await service.client.get("/v1/usage", headers=headers)
     assert response.status == 200, await response.text()

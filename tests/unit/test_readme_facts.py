@@ -1,0 +1,205 @@
+"""The README's figures and the command line's help texts, checked against the code.
+
+Each fact is taken from its owner (the settings, the parser, the runners, setup.cfg), never
+from a list kept here, so a new subcommand, exit status or test folder is checked as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import configparser
+import fnmatch
+import importlib
+import inspect
+import re
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from mlpa_aiohttp import __main__ as cli
+from mlpa_aiohttp import startup
+from mlpa_aiohttp.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.MULTILINE | re.DOTALL)
+    assert match, f'README has no "{title}" section'
+    return match.group(1)
+
+
+def figure(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+# -- the listen backlog ------------------------------------------------------------------------
+
+
+def test_every_backlog_figure_is_the_settings_default() -> None:
+    default = Settings.from_environ({}, check_secrets=False).server.listen_backlog
+    figures = [figure(m) for m in re.findall(r"backlog of ([\d,]+)", README)]
+    figures += [figure(m) for m in re.findall(r"`LISTEN_BACKLOG` \(default ([\d,]+)\)", README)]
+    figures += [figure(m) for m in re.findall(r"^\| `LISTEN_BACKLOG` \| `([\d,]+)` \|", README, re.MULTILINE)]
+    assert len(figures) >= 3, figures
+    assert set(figures) == {default}
+
+
+# -- the subcommands' exit statuses ----------------------------------------------------------
+
+
+def subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def listed_statuses(help_text: str) -> set[int]:
+    block = re.search(r"^exit statuses:\n((?:  \d+ .*\n?)+)", help_text, re.MULTILINE)
+    assert block, "no exit statuses in:\n" + help_text
+    return {int(line.split()[0]) for line in block.group(1).splitlines()}
+
+
+def _imports_inside(function: Callable[..., Any], tree: ast.AST) -> dict[str, Any]:
+    """Names a function imports in its own body (the CLI imports lazily)."""
+    package = importlib.import_module(function.__module__).__package__
+    names: dict[str, Any] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = importlib.import_module("." * node.level + (node.module or ""), package)
+            for alias in node.names:
+                names[alias.asname or alias.name] = getattr(source, alias.name, None)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = importlib.import_module(alias.name.split(".")[0])
+    return names
+
+
+def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Name):
+        return scope.get(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, scope)
+        return getattr(owner, node.attr, None) if owner is not None else None
+    return None
+
+
+def _is_ours(function: Any) -> bool:
+    return inspect.isfunction(function) and function.__module__.startswith("mlpa_aiohttp")
+
+
+def returnable_statuses(function: Callable[..., Any], seen: set[Any] | None = None) -> set[int]:
+    """The exit statuses `function` can return, followed through what it returns: literal
+    ints, the startup module's EXIT_* constants, the `exit_code=` of a startup reporter,
+    the statuses of a function of ours it returns the result of (also through
+    `asyncio.run` / `uvloop.run`), and 78 when it reads the settings (`main` turns a
+    SettingsError into the configuration status)."""
+    seen = set() if seen is None else seen
+    if function in seen:
+        return set()
+    seen.add(function)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    scope = {**function.__globals__, **_imports_inside(function, tree)}
+    statuses: set[int] = set()
+
+    def of_value(node: ast.expr | None) -> Iterator[int]:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            yield node.value
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            value = _resolve(node, scope)
+            if type(value) is int:
+                yield value
+        elif isinstance(node, ast.Call):
+            called = _resolve(node.func, scope)
+            if called is not None and getattr(called, "__module__", "") == startup.__name__:
+                for keyword in node.keywords:
+                    if keyword.arg == "exit_code":
+                        yield from of_value(keyword.value)
+                if called is startup.report_config_error and not any(k.arg == "exit_code" for k in node.keywords):
+                    yield startup.EXIT_CONFIG
+            elif _is_ours(called):
+                yield from returnable_statuses(called, seen)
+            elif getattr(called, "__name__", "") == "run" and node.args and isinstance(node.args[0], ast.Call):
+                yield from of_value(node.args[0])  # asyncio.run(coro(...)) / uvloop.run(coro(...))
+        elif isinstance(node, ast.Await):
+            yield from of_value(node.value)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return):
+            statuses.update(of_value(node.value))
+        elif isinstance(node, ast.Attribute) and node.attr == "from_environ" and _resolve(node.value, scope) is Settings:
+            statuses.add(startup.EXIT_CONFIG)
+    return statuses
+
+
+def test_the_status_analysis_sees_what_a_runner_returns() -> None:
+    """The analysis below can fail: it finds serve's database and port statuses."""
+    assert returnable_statuses(cli._run_serve) >= {0, startup.EXIT_UNAVAILABLE, startup.EXIT_CANNOT_LISTEN, startup.EXIT_CONFIG}
+
+
+@pytest.mark.parametrize("name", sorted(subcommands()))
+def test_each_subcommand_help_lists_exactly_the_statuses_it_can_return(name: str) -> None:
+    parser = subcommands()[name]
+    runner = parser.get_default("run")
+    assert runner is not None, f"{name} has no runner"
+    # Every command can finish (0) and meet a usage error (2, argparse's).
+    expected = returnable_statuses(runner) | {0, 2}
+    assert listed_statuses(parser.format_help()) == expected
+
+
+def test_the_top_level_help_and_the_readme_table_list_every_status() -> None:
+    commands = subcommands()
+    every = set().union(*(listed_statuses(p.format_help()) for p in commands.values()))
+    assert listed_statuses(cli.build_parser().format_help()) == every
+    table = section("Start-up errors, logs and the command line")
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
+    # The README also documents gunicorn's worker-boot status, which no subcommand returns.
+    assert documented == every | {startup.GUNICORN_WORKER_BOOT_ERROR}
+
+
+def test_the_readme_names_every_subcommand() -> None:
+    for name in subcommands():
+        assert f"`{name}`" in README or f"mlpa_aiohttp {name}" in README, name
+
+
+# -- the test folders of the default run -------------------------------------------------------
+
+
+def default_run_folders() -> tuple[set[str], set[str]]:
+    """(folders the default run collects, folders under testpaths it leaves out), from setup.cfg."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    pytest_config = config["tool:pytest"]
+    testpaths = pytest_config["testpaths"].split()
+    excluded_patterns = pytest_config["norecursedirs"].split()
+    collected, excluded = set(), set()
+    for root in testpaths:
+        for folder in sorted(p for p in (REPO / root).iterdir() if p.is_dir()):
+            relative = folder.relative_to(REPO).as_posix()
+            if not any(folder.rglob("test_*.py")):
+                continue
+            if any(fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(folder.name, pattern) for pattern in excluded_patterns):
+                excluded.add(relative)
+            else:
+                collected.add(relative)
+    return collected, excluded
+
+
+def test_the_tests_section_names_the_folders_of_the_default_run() -> None:
+    collected, _ = default_run_folders()
+    assert len(collected) >= 3
+    tests = section("Tests")
+    runs = re.search(r"`python -m pytest` runs (.*?) over ", tests, re.DOTALL)
+    assert runs, "the Tests section no longer says what `python -m pytest` runs"
+    assert set(re.findall(r"`(tests/[\w/]+)`", runs.group(1))) == collected
+
+
+def test_the_tests_section_names_what_the_default_run_leaves_out() -> None:
+    _, excluded = default_run_folders()
+    tests = section("Tests")
+    for folder in excluded:
+        assert re.search(rf"`{re.escape(folder)}`\) are\s+not part of the default run", tests), folder
