@@ -456,7 +456,7 @@ def _add_catalog(commands: argparse._SubParsersAction) -> None:
         "catalog",
         help=summary,
         description=summary,
-        epilog=f"{PROG} catalog check --help and catalog show --help name what each reads.\n\n{EXIT_STATUSES}",
+        epilog=f"{PROG} catalog check --help and catalog show --help name what each reads.\n\n{exit_statuses_text((EXIT_CONFIG,))}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = catalog.add_subparsers(dest="catalog_command", required=True, metavar="ACTION")

@@ -52,10 +52,11 @@ def test_every_backlog_figure_is_the_settings_default() -> None:
 # -- the subcommands' exit statuses ----------------------------------------------------------
 
 
-def subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = cli.build_parser()
-    [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(action.choices)
+def subcommands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands of `parser` (the CLI's by default); {} for a parser without any."""
+    parser = cli.build_parser() if parser is None else parser
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
 
 
 def listed_statuses(help_text: str) -> set[int]:
@@ -144,10 +145,15 @@ def test_the_status_analysis_sees_what_a_runner_returns() -> None:
 @pytest.mark.parametrize("name", sorted(subcommands()))
 def test_each_subcommand_help_lists_exactly_the_statuses_it_can_return(name: str) -> None:
     parser = subcommands()[name]
-    runner = parser.get_default("run")
-    assert runner is not None, f"{name} has no runner"
+    # A command with actions of its own (`catalog check`, ...) lists the union of theirs.
+    actions = subcommands(parser)
+    runners = [action.get_default("run") for action in actions.values()] if actions else [parser.get_default("run")]
+    assert None not in runners, f"{name} has no runner"
     # Every command can finish (0) and meet a usage error (2, argparse's).
-    expected = returnable_statuses(runner) | {0, 2}
+    for action_name, action in actions.items():
+        expected = returnable_statuses(action.get_default("run")) | {0, 2}
+        assert listed_statuses(action.format_help()) == expected, f"{name} {action_name}"
+    expected = set().union(*(returnable_statuses(runner) for runner in runners)) | {0, 2}
     assert listed_statuses(parser.format_help()) == expected
 
 
