@@ -14,6 +14,7 @@ from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .observability.metrics import Metrics
 from .relay.keepalive import FirstByteKeepAlive
+from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
@@ -28,6 +29,8 @@ STREAMS = web.AppKey("streams", StreamTracker)
 STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
 # Only present when STREAM_KEEPALIVE_SECONDS > 0.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
+# The relay fast path's entry, or None: RELAY_FAST_PATH off, or this aiohttp fenced it off.
+RELAY_FAST_PATH: web.AppKey[TakeOver] = web.AppKey("relay_fast_path")
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

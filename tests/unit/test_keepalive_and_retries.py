@@ -12,8 +12,9 @@ import aiohttp
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.errors import GENERIC_UPSTREAM_MESSAGE
-from mlpa_aiohttp.relay.stream import sse_frame
+from mlpa_aiohttp.relay.sse import event as sse_frame
 from mlpa_aiohttp.testing.fake_litellm import Scenario
+from tests.support.relay_state import streams_waiting_for_keepalive, streams_with_upstream_open
 
 from ..conftest import Service, chat_body, events, open_streams
 from .test_chat_streaming import direct_stream_bytes, sample
@@ -62,7 +63,7 @@ async def test_keepalive_comments_arrive_at_the_interval_until_the_first_byte(ma
     sent_upstream = service.litellm.requests_to(COMPLETIONS)[-1].json
     assert _normalised(raw) == _normalised(await direct_stream_bytes(service, sent_upstream))
     assert sample(service, "mlpa_stream_keepalive_comments_total", {}) == comments
-    assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
+    assert streams_waiting_for_keepalive(service.app) == 0
 
 
 async def test_comments_go_on_after_headers_until_a_byte_and_stop_when_the_client_leaves(make_service) -> None:
@@ -70,7 +71,7 @@ async def test_comments_go_on_after_headers_until_a_byte_and_stop_when_the_clien
     service.litellm.next_scenarios.append(Scenario.HANG_AFTER_HEADERS)  # headers, then no byte
     response = await service.chat(chat_body(stream=True), headers=_headers(service, OPT_IN))
     deadline = time.monotonic() + 5
-    while not any(stream.upstream_open for stream in service.app[keys.STREAMS]):
+    while not streams_with_upstream_open(service.app):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     for _ in range(2):  # LiteLLM's headers are in; its first byte is not: comments go on
@@ -80,7 +81,7 @@ async def test_comments_go_on_after_headers_until_a_byte_and_stop_when_the_clien
     while open_streams(service):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
-    assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
+    assert streams_waiting_for_keepalive(service.app) == 0
 
 
 async def test_service_type_opts_in_without_the_header(make_service) -> None:
