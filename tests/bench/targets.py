@@ -183,7 +183,8 @@ def start_target(
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
     if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
         env = _service_env(port, upstream_port, fxa_port, root)
-        env["RELAY_FAST_PATH"] = "true" if name.endswith("fast") else "false"
+        if name.endswith("fast"):  # the others run the tree's default configuration
+            env["RELAY_FAST_PATH"] = "true"
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
         env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"
