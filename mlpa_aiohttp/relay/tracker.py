@@ -73,9 +73,6 @@ class StreamTracker:
         # Set once shutdown's drain is over: a stream that starts from then on is ended at once.
         self._ending = False
 
-    def __len__(self) -> int:
-        return len(self._streams)
-
     def add(self, stream: OpenStream) -> None:
         self._streams.add(stream)
         self._idle.clear()
