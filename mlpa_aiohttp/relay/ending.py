@@ -76,7 +76,8 @@ class ClientLeft:
 
 Ending = Union[Completed, Rejected, UpstreamFailed, Silenced, ShutDown, ClientLeft]
 
-ENDING = web.RequestKey("relay_ending", object)  # an `Ending`; set by `record`
+# The request's ending, set by `record`; read by the request-context middleware.
+ENDING: web.RequestKey[Ending] = web.RequestKey("relay_ending")
 
 
 def record(request: web.BaseRequest, outcome: CompletionOutcome, ending: Ending) -> None:
