@@ -2,7 +2,7 @@
 
 Servers under test ("targets"), all relaying POST /v1/chat/completions to one upstream:
 
-  aiohttp-gunicorn  the service: gunicorn, config/gunicorn.conf.py, aiohttp worker, 1 worker
+  aiohttp-gunicorn  the service: gunicorn, config/gunicorn.conf.py, aiohttp worker, 1 worker, default config
   aiohttp-serve     the service: `python -m mlpa_aiohttp serve` (web.run_app, one process)
   fastapi-poll      peer: FastAPI + uvicorn + httpx with the original's middlewares and
                     per-chunk inspection (no auth), polls is_disconnected() every 100 ms
