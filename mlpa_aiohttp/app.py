@@ -49,6 +49,7 @@ from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
 from .relay.keepalive import FirstByteKeepAlive
+from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
 from .settings import Settings, variable_names
@@ -102,6 +103,7 @@ def create_app(settings: Settings) -> web.Application:
     app[keys.METRICS] = metrics
     app[keys.REQUEST_RULES] = RequestRules(settings.catalog)
     app[keys.STREAMS] = StreamTracker()
+    app[keys.RELAY_FAST_PATH] = _relay_fast_path(settings)
     app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     if settings.stream_limits.keepalive_seconds > 0:
         app[keys.STREAM_KEEPALIVE] = FirstByteKeepAlive(settings.stream_limits.keepalive_seconds, metrics)
@@ -114,6 +116,16 @@ def create_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
     return app
+
+
+def _relay_fast_path(settings: Settings) -> TakeOver:
+    """RELAY_FAST_PATH, checked once against the running aiohttp (relay/fast_path.usable);
+    the module is imported only when it is on."""
+    if not settings.stream_limits.relay_fast_path:
+        return None
+    from .relay import fast_path
+
+    return fast_path.FastRelay.take_over if fast_path.usable() else None
 
 
 async def _run_while_serving(run: Callable[[], Awaitable[None]] | None) -> AsyncIterator[None]:

@@ -15,6 +15,7 @@ from .auth.play import PlayIntegrity
 from .models import RequestRules
 from .observability.metrics import Metrics
 from .relay.keepalive import FirstByteKeepAlive
+from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
@@ -31,6 +32,8 @@ STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
 REQUEST_RULES = web.AppKey("request_rules", RequestRules)
 # Only present when STREAM_KEEPALIVE_SECONDS > 0.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
+# The relay fast path's entry, or None: RELAY_FAST_PATH off, or this aiohttp fenced it off.
+RELAY_FAST_PATH: web.AppKey[TakeOver] = web.AppKey("relay_fast_path")
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

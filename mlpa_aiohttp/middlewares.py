@@ -2,8 +2,9 @@
 
 1. `request_context` binds the log context, times the request and writes the one
    canonical log line, also for a cancelled handler (the client left: `client_disconnected`,
-   499; shutdown ended it: `ended_by_shutdown`, 503), and the request metrics of every
-   completed response. Outermost, so it sees the final status of everything below, 413s
+   499; shutdown ended it: `ended_by_shutdown`, 503; `relay/ending.request_line` says which,
+   from the relay's ending on the request), and the request metrics of every completed
+   response. Outermost, so it sees the final status of everything below, 413s
    and 404s included.
 2. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
    JSON bodies; unhandled exceptions become a 500 JSON body, logged once with traceback.
@@ -27,7 +28,7 @@ from aiohttp import web
 from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability.labels import clamp_method, major_firefox_version
-from .relay.disconnect import client_hung_up
+from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")
 
@@ -65,21 +66,22 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     metrics.in_progress.inc()
     started = time.monotonic()
     status = 500
-    cancelled_event = None
+    cancelled = False
     try:
         response = await handler(request)
         status = response.status
         return response
     except asyncio.CancelledError:
-        status, cancelled_event = _cancelled(request)
-        if cancelled_event == CLIENT_DISCONNECTED:
-            structlog.contextvars.bind_contextvars(client_disconnected=True)
+        cancelled = True
         raise
     finally:
         elapsed = time.monotonic() - started
         metrics.in_progress.dec()
         method = clamp_method(request.method)
-        if cancelled_event is None:  # else no response was completed
+        event, cancelled_status, ending_fields = request_line(request, cancelled=cancelled)
+        if cancelled_status is not None:
+            status = cancelled_status
+        if not cancelled:  # else no response was completed
             metrics.requests.labels(
                 method,
                 route,
@@ -89,33 +91,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
             metrics.request_latency.labels(method, route).observe(elapsed)
-        event = cancelled_event or _completed_event()
-        log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path)
+        log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path, **ending_fields)
         # No clearing afterwards: aiohttp runs each request's handler in a task of its own,
         # whose copy of the context ends with it (clearing set each of the ~20 bound
         # variables once more, per request).
-
-
-# The events of the request's log line, and the statuses a cancelled handler's line carries.
-CLIENT_DISCONNECTED = "client_disconnected"
-ENDED_BY_SHUTDOWN = "ended_by_shutdown"
-CLIENT_CLOSED_REQUEST = 499  # nginx's "client closed request"
-SHUTTING_DOWN = 503  # as in the shutdown frame, `{"code": 503, "error": "Server shutting down"}`
-
-
-def _completed_event() -> str:
-    # A stream's relay binds `client_disconnected` when a write found the client gone.
-    return CLIENT_DISCONNECTED if structlog.contextvars.get_contextvars().get("client_disconnected") else "request"
-
-
-def _cancelled(request: web.Request) -> tuple[int, str]:
-    """Who cancelled the handler, as (status, event): the client's hang-up, or this side,
-    and in this service only shutdown does: the drain deadline ending a stream that has no
-    upstream response yet, or the runner cancelling what is left when its shutdown timeout
-    ends (`client_hung_up` tells them apart)."""
-    if client_hung_up(request):
-        return CLIENT_CLOSED_REQUEST, CLIENT_DISCONNECTED
-    return SHUTTING_DOWN, ENDED_BY_SHUTDOWN
 
 
 def _json_error(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:

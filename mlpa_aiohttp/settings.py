@@ -442,8 +442,9 @@ class StreamLimitSettings:
     # waits for its first upstream byte (0 = off), for these service types or on request.
     keepalive_seconds: float = variable("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0)
     keepalive_service_types: frozenset[str] = variable("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset())
-    # Relay from the upstream connection's callbacks (relay/fast_path.py); off: the regular relay.
-    relay_fast_path: bool = variable("RELAY_FAST_PATH", False)
+    # Relay from the upstream connection's callbacks (relay/fast_path.py), where it applies
+    # and this aiohttp is in its tested range; off: the regular relay for every stream.
+    relay_fast_path: bool = variable("RELAY_FAST_PATH", True)
 
 
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.

@@ -1,7 +1,8 @@
 """The relay's fast path: upstream body bytes go to the client transport from inside the
 upstream connection's `data_received`, with no task wake-up, no `StreamReader` wait and no
-`StreamWriter` per chunk. `RELAY_FAST_PATH=true` turns it on; `StreamRelay._pump` falls back
-to the regular relay whenever `FastRelay.take_over` declines (see "When it applies").
+`StreamWriter` per chunk. It is on by default (`RELAY_FAST_PATH=false` turns it off);
+`StreamRelay._pump` falls back to the regular relay whenever `FastRelay.take_over` declines
+(see "When it applies"), and the whole module stays unused when `usable()` says no at start.
 
 How it works
 ------------
@@ -10,8 +11,8 @@ connection stays poolable); the parser hands each decoded body piece to the resp
 `StreamReader` by calling `feed_data`. Once LiteLLM's headers are in and the client's
 response is prepared, that reader's class is switched to `_RelaySink`, which has the same
 layout and, instead of buffering, calls this relay: frame the piece as one HTTP chunk, one
-`transport.write` to the client, bump the byte counter (the silence watch reads it), feed
-the SSE accountant, observe TTFT on the first byte. The handler task sleeps on one future
+`transport.write` to the client, then the per-chunk bookkeeping every relay does
+(relay/delivery.py: TTFT on the first byte, the byte counter, the SSE accountant). The handler task sleeps on one future
 for the whole stream and wakes only to drain the client, or when the stream ends.
 
 Invariants
@@ -44,7 +45,7 @@ Invariants
      the final frame as before (with the partial-event prefix the accountant knows about);
    - an upstream failure mid-stream arrives the same way (`set_exception` on the reader);
    - a failed client write (transport closing before `connection_lost` ran) becomes
-     `ClientGone`, as on the regular path;
+     `ClientWriteFailed`, as on the regular path;
    - stale-connection retry happens before the headers, before any take-over;
    - the client response stays chunked; final frames and `write_eof` go through aiohttp's
      writer, whose `output_size` gets the bytes written here (the access log's size).
@@ -57,22 +58,42 @@ HTTP/1.1 chunked response to the client, no compression either way, an upstream 
 is a plain `StreamReader` neither at EOF nor failed, and both transports open. Anything else
 (an HTTP/1.0 client, a compressed upstream body, a reader aiohttp already finished) takes
 the regular relay. It relies on aiohttp internals that are not public API (the parser
-calling `feed_data` on the response's reader; the reader's `_protocol` slot), so an aiohttp
-upgrade must be re-tested with it on: tests/unit/test_chat_streaming_fast_path.py.
+calling `feed_data` on the response's reader; the reader's `_protocol` slot; the table in
+docs/architecture.md), so `usable()` checks once at start that the running aiohttp is one
+it was tested on (aiohttp_internals.py) and has what it uses; otherwise the regular relay
+serves every stream. Nothing private is imported at import time.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+
+from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.helpers import _EXC_SENTINEL
 from aiohttp.streams import StreamReader
 
-from .sse import StreamAccountant
-from .tracker import OpenStream
+from ..aiohttp_internals import fence, missing_attributes
+from .delivery import ClientWriteFailed, Delivery
+
+
+def usable(*, version: str | None = None, reader_class: type = StreamReader) -> bool:
+    """Once at start: whether this aiohttp is one the fast path was tested on and has what
+    it uses (`version` and `reader_class` stand in for the running aiohttp's in tests)."""
+    from aiohttp import client_proto, http_writer, web_protocol
+
+    missing = [
+        *missing_attributes(
+            reader_class,
+            ("_protocol", "feed_data", "feed_eof", "set_exception", "read_nowait", "is_eof", "exception",
+             "begin_http_chunk_receiving", "end_http_chunk_receiving"),
+        ),
+        *missing_attributes(client_proto.ResponseHandler, ("pause_reading", "resume_reading", "connected")),
+        *missing_attributes(web_protocol.RequestHandler, ("writing_paused",)),
+        *missing_attributes(http_writer.StreamWriter, ("send_headers", "drain", "output_size", "chunked")),
+    ]  # fmt: skip
+    return fence("relay fast path", missing, version=version)
 
 
 class _RelaySink(StreamReader):
@@ -97,8 +118,9 @@ class _RelaySink(StreamReader):
         # Flags and end-of-file callbacks: aiohttp returns the connection to its pool.
         StreamReader.feed_eof(self)
 
-    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
-        StreamReader.set_exception(self, exc, exc_cause)
+    def set_exception(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
+        # Whatever else aiohttp passes (its cause sentinel) goes through untouched.
+        StreamReader.set_exception(self, exc, *args, **kwargs)
         self._protocol.upstream_failed(exc)  # type: ignore[attr-defined]
 
 
@@ -106,8 +128,8 @@ class FastRelay:
     """One stream's fast path; built by `take_over`, driven by `run()`."""
 
     __slots__ = (
-        "_reader", "_upstream_protocol", "_client_transport", "_client_protocol", "_writer", "_handle",
-        "_feed", "_on_first_byte", "_written", "_paused", "_taking_over", "_pending", "_ended",
+        "_reader", "_upstream_protocol", "_client_transport", "_client_protocol", "_writer", "_delivered",
+        "_written", "_paused", "_taking_over", "_pending", "_ended",
         "_failure", "_wake", "_loop",
     )  # fmt: skip
 
@@ -116,18 +138,14 @@ class FastRelay:
         reader: StreamReader,
         upstream_protocol: aiohttp.client_proto.ResponseHandler,
         request: web.Request,
-        handle: OpenStream,
-        accountant: StreamAccountant,
-        on_first_byte: Callable[[], None],
+        delivery: Delivery,
     ) -> None:
         self._reader = reader
         self._upstream_protocol = upstream_protocol
         self._client_transport = request.transport
         self._client_protocol = request.protocol
         self._writer = request.writer
-        self._handle = handle
-        self._feed = accountant.feed
-        self._on_first_byte = on_first_byte
+        self._delivered = delivery.delivered
         self._written = 0
         self._paused = False
         self._taking_over = True
@@ -143,9 +161,7 @@ class FastRelay:
         upstream: aiohttp.ClientResponse,
         request: web.Request,
         response: web.StreamResponse,
-        handle: OpenStream,
-        accountant: StreamAccountant,
-        on_first_byte: Callable[[], None],
+        delivery: Delivery,
     ) -> FastRelay | None:
         """The relay for this stream, or None when the fast path does not apply (the caller
         then runs the regular relay on an untouched response)."""
@@ -167,7 +183,7 @@ class FastRelay:
             or getattr(request.writer, "on_body_write", None) is not None
         ):
             return None
-        relay = cls(reader, connection.protocol, request, handle, accountant, on_first_byte)
+        relay = cls(reader, connection.protocol, request, delivery)
         relay._start()
         return relay
 
@@ -220,11 +236,7 @@ class FastRelay:
             self._fail(exc, client=True)
             return
         self._written += len(framed)
-        handle = self._handle
-        if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
-            self._on_first_byte()
-        handle.relayed += len(data)
-        self._feed(data)
+        self._delivered(data)
         # Not after the upstream ended: there is nothing left to hold back (and no parser
         # payload to pause); the final write_eof drains what is buffered.
         if self._client_protocol.writing_paused and not self._paused and not self._ended:
@@ -241,8 +253,7 @@ class FastRelay:
     # -- the handler's side ---------------------------------------------------------------
     async def run(self) -> None:
         """Sleep until the stream ends; drain the client whenever the sink paused upstream.
-        Raises the upstream's error, or `ConnectionResetError` tagged as the client's (the
-        caller turns it into `ClientGone`)."""
+        Raises the upstream's error, or `ClientWriteFailed` for the client's."""
         try:
             while True:
                 if self._failure is not None:
@@ -295,6 +306,3 @@ class FastRelay:
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-
-class ClientWriteFailed(ConnectionResetError):
-    """A write towards the client failed on the fast path (`StreamRelay` maps it to ClientGone)."""

@@ -11,14 +11,13 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from ..errors import GENERIC_UPSTREAM_MESSAGE, UpstreamError, UpstreamRejected
+from ..errors import GENERIC_UPSTREAM_MESSAGE, ApiError, Classification, UpstreamError, UpstreamRejected
 from ..observability.metrics import Metrics
-from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.bodies import UpstreamBody, encode_json
-from ..upstream.classify import classify, error_detail
 from ..upstream.litellm import LiteLLMClient
 from ..upstream.routing import RoutingInfo
-from .disconnect import client_hung_up
+from . import ending as endings
+from .judgment import Unclassified, judge_failure, judge_response
 from .outcome import CompletionOutcome, Usage
 
 log = structlog.get_logger(__name__)
@@ -31,25 +30,21 @@ def _json_response(payload: Any) -> web.Response:
     return web.Response(body=encode_json(payload), content_type="application/json")
 
 
-def _proxy_failed(exc: BaseException, *, debug: bool, what: str) -> UpstreamError:
-    log.error(
-        f"{what}_proxy_failed",
-        error_type=type(exc).__name__,
-        error=str(exc) or repr(exc),
-        exc_info=exc,
-    )
-    return UpstreamError(f"{type(exc).__name__}: {exc}" if debug else PROXY_FAILED_MESSAGE)
-
-
-def _unclassified(status: int, text: str, *, debug: bool, what: str) -> UpstreamError:
-    detail = error_detail(text)
-    log.error(f"{what}_upstream_error", upstream_status=status, upstream_detail=upstream_text_for_log(detail))
-    return UpstreamError(detail if debug else GENERIC_UPSTREAM_MESSAGE, status=status)
+def _error(verdict: Classification | Unclassified, *, debug: bool) -> ApiError:
+    """The JSON answer to a judged upstream error (`relay/judgment.py`)."""
+    if isinstance(verdict, Classification):
+        return UpstreamRejected(verdict)
+    if debug:
+        return UpstreamError(verdict.detail, status=verdict.status)
+    return UpstreamError(GENERIC_UPSTREAM_MESSAGE if verdict.answered else PROXY_FAILED_MESSAGE, status=verdict.status)
 
 
 async def relay_completion(
     request: web.Request, *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
 ) -> web.Response:
+    """The completion's JSON, or its error raised; either way its ending is recorded once
+    (relay/ending.py)."""
+    payload: Any = None
     try:
         async with client.completion(body, stream=False) as upstream:
             text = await upstream.text()
@@ -57,24 +52,21 @@ async def relay_completion(
             if 200 <= status < 300:
                 payload = json.loads(text)
     except _TRANSPORT_ERRORS as exc:
-        outcome.failed()
-        raise _proxy_failed(exc, debug=debug, what="completion") from None
+        verdict: Classification | Unclassified = judge_failure(exc, relay="completion")
+        ending = endings.UpstreamFailed(verdict)
     except asyncio.CancelledError:
-        if client_hung_up(request):
-            outcome.aborted()
-        else:
-            outcome.failed("server_shutdown")
+        endings.record(request, outcome, endings.of_cancellation(request))
         raise
-    if not 200 <= status < 300:
-        classification = classify(status, text)
-        if classification is not None:
-            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=upstream_text_for_log(error_detail(text)))
-            outcome.rejected(classification)
-            raise UpstreamRejected(classification)
-        outcome.failed()
-        raise _unclassified(status, text, debug=debug, what="completion")
-    outcome.succeeded(_usage_of(payload), RoutingInfo.from_headers(headers))
-    return _json_response(payload)
+    else:
+        if 200 <= status < 300:
+            ending = endings.Completed(_usage_of(payload), RoutingInfo.from_headers(headers))
+        else:
+            verdict = judge_response(status, text, relay="completion")
+            ending = endings.refused(verdict)
+    endings.record(request, outcome, ending)
+    if isinstance(ending, endings.Completed):
+        return _json_response(payload)
+    raise _error(verdict, debug=debug) from None
 
 
 def _usage_of(payload: Any) -> Usage:
@@ -123,21 +115,17 @@ async def relay_search(
     try:
         try:
             reply = await client.search(body)
+            if 200 <= reply.status < 300:
+                payload = json.loads(reply.text)
         except _TRANSPORT_ERRORS as exc:
-            raise _proxy_failed(exc, debug=debug, what="search") from None
+            raise _error(judge_failure(exc, relay="search"), debug=debug) from None
         if not 200 <= reply.status < 300:
-            classification = classify(reply.status, reply.text)
-            if classification is None:
-                raise _unclassified(reply.status, reply.text, debug=debug, what="search")
-            log.warning(classification.log_prefix, upstream_status=reply.status, upstream_detail=upstream_text_for_log(error_detail(reply.text)))
-            metrics.search_rejections.labels(
-                classification.rejection_reason, "exa-search", metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
-            ).inc()
-            raise UpstreamRejected(classification)
-        try:
-            payload = json.loads(reply.text)
-        except ValueError as exc:
-            raise _proxy_failed(exc, debug=debug, what="search") from None
+            verdict = judge_response(reply.status, reply.text, relay="search")
+            if isinstance(verdict, Classification):
+                metrics.search_rejections.labels(
+                    verdict.rejection_reason, "exa-search", metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
+                ).inc()
+            raise _error(verdict, debug=debug)
         result = "success"
         return _json_response(payload)
     except asyncio.CancelledError:

@@ -17,14 +17,12 @@ import time
 from aiohttp import web
 
 from ..observability.metrics import Metrics
+from .sse import KEEPALIVE_COMMENT
+from .tracker import tick_seconds
 
-KEEPALIVE_COMMENT = b": keep-alive\n\n"
-
-# How often the tick looks, as a share of the interval (bounded both ways): a comment
-# is at most a quarter interval late.
+# How often the tick looks, as a share of the interval: a comment is at most a quarter
+# interval late.
 _TICK_SHARE = 0.25
-_TICK_MIN_SECONDS = 0.05
-_TICK_MAX_SECONDS = 5.0
 
 
 class FirstByteKeepAlive:
@@ -33,9 +31,6 @@ class FirstByteKeepAlive:
         self._metrics = metrics
         # response -> (its request, when its next comment is due)
         self._waiting: dict[web.StreamResponse, tuple[web.BaseRequest, float]] = {}
-
-    def __len__(self) -> int:
-        return len(self._waiting)
 
     def start(self, response: web.StreamResponse, request: web.BaseRequest) -> None:
         """`response` is prepared; comments start one interval from now."""
@@ -48,7 +43,7 @@ class FirstByteKeepAlive:
 
     async def run(self) -> None:
         """Run until cancelled."""
-        tick = min(max(self.interval * _TICK_SHARE, _TICK_MIN_SECONDS), _TICK_MAX_SECONDS)
+        tick = tick_seconds(self.interval, _TICK_SHARE)
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()

@@ -1,7 +1,7 @@
-"""How one proxied completion ended: metrics and log fields, recorded exactly once.
+"""What one proxied completion's ending records: metrics and log fields.
 
-Both relays (JSON and SSE) report their outcome here; every method is synchronous so it
-is safe in `finally` blocks of cancelled handlers.
+`relay/ending.record` calls exactly one of these per request, for the ending the relay
+decided; every method is synchronous, so it is safe where a handler is being cancelled.
 """
 
 from __future__ import annotations
@@ -14,14 +14,10 @@ import structlog
 
 from ..errors import Classification
 from ..observability.metrics import Metrics
-from ..observability.upstream_text import upstream_text_for_log
-from ..upstream.classify import classify, error_detail, in_band_status
 from ..upstream.routing import RoutingInfo
 
 if TYPE_CHECKING:
     from .sse import StreamAccountant
-
-log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +33,7 @@ class Usage:
 
 
 class CompletionOutcome:
-    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started", "recorded")
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started")
 
     def __init__(self, metrics: Metrics, *, model: str, service_type: str, purpose: str, started: float) -> None:
         self._metrics = metrics
@@ -45,23 +41,17 @@ class CompletionOutcome:
         self.service_type = service_type
         self.purpose = purpose
         self._started = started
-        self.recorded: str | None = None
 
-    def _finish(self, result: str, model_label: str, availability_reason: str) -> bool:
-        if self.recorded is not None:
-            return False
-        self.recorded = result
+    def _finish(self, result: str, model_label: str, availability_reason: str) -> None:
         elapsed = time.monotonic() - self._started
         m = self._metrics
         m.completion_latency.labels(result, model_label, self.service_type, self.purpose).observe(elapsed)
         m.chat_availability(availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose)
         structlog.contextvars.bind_contextvars(result=result, completion_seconds=round(elapsed, 4))
-        return True
 
     def succeeded(self, usage: Usage, routing: RoutingInfo) -> None:
         # Success-side metrics use the real (validated) model name, failures the clamp.
-        if not self._finish("success", self.model, "valid_response"):
-            return
+        self._finish("success", self.model, "valid_response")
         m, labels = self._metrics, (self.model, self.service_type, self.purpose)
         for kind, count in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
             if count > 0:
@@ -94,32 +84,11 @@ class CompletionOutcome:
             litellm_cost_usd=routing.cost_usd,
         )
 
-    def stream_finished(self, accountant: StreamAccountant, routing: RoutingInfo) -> None:
-        """LiteLLM's stream ended cleanly: a success, unless it carried an in-band error."""
-        if accountant.error_payload is not None:
-            self.in_band_error(accountant.error_payload)
-            return
-        usage = Usage(accountant.prompt_tokens, accountant.completion_tokens, accountant.tool_names_in_order())
-        self.succeeded(usage, routing)
-
-    def in_band_error(self, payload: str) -> None:
-        """A failure LiteLLM reported inside its 200 stream, recorded (and logged once) the
-        way the same error as a response body would be; the client got the bytes as sent."""
-        status = in_band_status(payload)
-        detail = upstream_text_for_log(error_detail(payload))
-        classification = classify(status, payload)
-        if classification is not None:
-            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=detail, in_band=True)
-            self.rejected(classification)
-        else:
-            log.error("upstream_error", upstream_status=status, upstream_detail=detail, in_band=True)
-            self.failed()
-
     def rejected(self, classification: Classification) -> None:
-        if self._finish("error", self._metrics.labels.model(self.model), classification.availability_reason):
-            self._metrics.chat_rejection(
-                classification.rejection_reason, model=self.model, service_type=self.service_type, purpose=self.purpose
-            )
+        self._finish("error", self._metrics.labels.model(self.model), classification.availability_reason)
+        self._metrics.chat_rejection(
+            classification.rejection_reason, model=self.model, service_type=self.service_type, purpose=self.purpose
+        )
 
     def failed(self, reason: str = "upstream_error") -> None:
         self._finish("error", self._metrics.labels.model(self.model), reason)
@@ -127,7 +96,8 @@ class CompletionOutcome:
     def aborted(self, relayed: StreamAccountant | None = None) -> None:
         """The client left; `relayed` accounts what its stream got before (README: what an
         aborted stream cost): the usage object if one arrived, else the content deltas."""
-        if not self._finish("abort", self._metrics.labels.model(self.model), "client_disconnect") or relayed is None:
+        self._finish("abort", self._metrics.labels.model(self.model), "client_disconnect")
+        if relayed is None:
             return
         if relayed.usage_seen:
             kind, counts = "usage", (("prompt", relayed.prompt_tokens), ("completion", relayed.completion_tokens))

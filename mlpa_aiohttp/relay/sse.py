@@ -1,6 +1,9 @@
-"""Usage and tool-call accounting over a relayed SSE byte stream (decision 2).
+"""The SSE wire format, in one place: the relay's own frames (events, the shutdown event,
+the repair of a partial event before them, the keep-alive comment) and the usage and
+tool-call accounting over a relayed byte stream (decision 2).
 
-The relay forwards bytes untouched; this accountant sees the same bytes, frames them into
+The relay forwards LiteLLM's bytes untouched; the frames below are the only bytes it writes
+of its own. The accountant sees the same bytes, frames them into
 complete SSE events (carrying a partial event across reads) and JSON-decodes only events
 that can carry a usage object, tool calls or an in-band error. Everything else costs one
 regex scan and one substring count of the bytes per read, all done in C.
@@ -23,6 +26,33 @@ import structlog
 log = structlog.get_logger(__name__)
 
 _EVENT_SEPARATOR = b"\n\n"
+
+HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    # Tell nginx-style intermediaries not to buffer the stream.
+    "X-Accel-Buffering": "no",
+}
+
+# Written while a stream waits for its first upstream byte (relay/keepalive.py); every SSE
+# parser ignores a comment line.
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    """One `data:` event. Python's default separators, as the reference's clients have
+    always received."""
+    return b"data: " + json.dumps(payload).encode() + _EVENT_SEPARATOR
+
+
+SHUTDOWN_EVENT = event({"code": 503, "error": "Server shutting down"})
+
+
+def after_relayed(accountant: StreamAccountant, frame: bytes) -> bytes:
+    """`frame` as the relay's last write: an upstream read may have ended mid-event, and
+    the event is terminated first so that `frame` parses as an event of its own."""
+    return _EVENT_SEPARATOR + frame if accountant.has_partial_event else frame
+
 # An event is worth decoding only if it carries a usage *object*, a tool-call *list* or an
 # error *object*; OpenAI-style streams repeat `"usage": null` on every chunk. Message text
 # cannot match: inside a JSON string every quote is escaped (`\"error\"`).

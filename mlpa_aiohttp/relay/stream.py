@@ -5,65 +5,49 @@ transport's connection-lost callback cancels this handler at whatever it awaits,
 leaving `client.completion(...)` releases the half-read upstream response, which closes
 that upstream connection. While a stream is idle nothing here runs at all.
 
-Per read, the loop does one write and one `StreamAccountant.feed`; it creates no task,
-arms no timer and decodes no JSON unless the bytes can carry usage or tool calls.
+Per read, the loop does one write and the bookkeeping of relay/delivery.py; it creates no
+task, arms no timer and decodes no JSON unless the bytes can carry usage or tool calls.
 
+How the stream ended is decided once, in `_ending` (or from the cancellation, in `run`),
+as one of relay/ending.py's values; `relay/ending.py` records it and names its final frame.
 Which side failed is decided by where, not by the exception's type: a write towards the
-client that fails means the client is gone. Under load a client's transport can already be
-closing while `connection_lost` (which would cancel this handler) has not run yet; the write
-then raises aiohttp's `ClientConnectionResetError`, which is also an `aiohttp.ClientError`,
-the upstream session's error type. `_pump` turns every failed client write into `ClientGone`
-on the spot, so it can never be taken for an upstream fault.
+client that fails raises `ClientWriteFailed` (relay/delivery.py), never an upstream error.
 
-With `fast_path` (RELAY_FAST_PATH), `_pump` hands the stream to relay/fast_path.py, which
-relays from the upstream connection's callbacks; where that does not apply, this loop runs.
+With a fast path (RELAY_FAST_PATH, checked at start by relay/fast_path.usable), `_pump`
+hands the stream to it, which relays from the upstream connection's callbacks; where that
+does not apply, this loop runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Optional
 
 import aiohttp
-import structlog
 from aiohttp import web
 
 from ..errors import GENERIC_UPSTREAM_MESSAGE
 from ..observability.metrics import Metrics
-from ..observability.upstream_text import upstream_text_for_log
 from ..upstream.bodies import UpstreamBody
-from ..upstream.classify import classify, error_detail
+from ..upstream.classify import in_band_status
 from ..upstream.litellm import LiteLLMClient, read_error_body
 from ..upstream.routing import RoutingInfo
+from . import ending as endings
+from . import sse
+from .delivery import Delivery
 from .disconnect import disconnect_reason
-from .fast_path import ClientWriteFailed, FastRelay
+from .judgment import judge_empty_stream, judge_failure, judge_response
 from .keepalive import FirstByteKeepAlive
-from .outcome import CompletionOutcome
-from .sse import StreamAccountant
+from .outcome import CompletionOutcome, Usage
 from .tracker import OpenStream, StreamTracker
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from .fast_path import FastRelay
 
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    # Tell nginx-style intermediaries not to buffer the stream.
-    "X-Accel-Buffering": "no",
-}
-
-
-def sse_frame(payload: dict[str, Any]) -> bytes:
-    # Python's default separators, as the reference's clients have always received.
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-SHUTDOWN_FRAME = sse_frame({"code": 503, "error": "Server shutting down"})
-
-
-class ClientGone(Exception):
-    """A write towards the client failed: the client is gone, whatever the error's type."""
+# The fast path's entry (`FastRelay.take_over`), or None for the regular relay only.
+TakeOver = Optional[Callable[[aiohttp.ClientResponse, web.Request, web.StreamResponse, Delivery], "FastRelay | None"]]
 
 
 class StreamRelay:
@@ -72,8 +56,8 @@ class StreamRelay:
     # One of these lives as long as its stream, thousands at a time.
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
-        "_response", "_upstream", "_task", "_handle", "_accountant", "_keepalive", "_fast_path",
-    )
+        "_response", "_upstream", "_task", "_handle", "_accountant", "_delivery", "_keepalive", "_fast_path",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -87,7 +71,7 @@ class StreamRelay:
         debug: bool,
         started: float,
         keepalive: FirstByteKeepAlive | None = None,
-        fast_path: bool = False,
+        fast_path: TakeOver = None,
     ) -> None:
         self._request = request
         self._client = client
@@ -97,11 +81,12 @@ class StreamRelay:
         self._tracker = tracker
         self._debug = debug
         self._started = started
-        self._response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        self._response = web.StreamResponse(status=200, headers=sse.HEADERS)
         self._upstream: aiohttp.ClientResponse | None = None
         self._task = asyncio.current_task()
         self._handle = OpenStream(self._end)
-        self._accountant = StreamAccountant()
+        self._accountant = sse.StreamAccountant()
+        self._delivery = Delivery(self._handle, self._accountant, self._observe_ttft)
         # Set only for a stream that opted into keep-alive comments (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
@@ -120,25 +105,21 @@ class StreamRelay:
         self._tracker.add(self._handle)
         self._metrics.open_streams.inc()
         try:
-            await self._response.prepare(self._request)
-            if self._keepalive is not None:
-                self._keepalive.start(self._response, self._request)
-            await self._relay()
-        except asyncio.CancelledError:
-            if not self._handle.stopping:
-                self._client_gone()
-            elif not self._handle.upstream_open and self._response.prepared:
-                # `_end` cancelled the wait for LiteLLM's headers: the client, still
-                # connected, gets the same final frame as a stream past its headers.
-                await self._end_for_shutdown()
-            else:
-                self._outcome.failed("server_shutdown")
-            raise
-        except ClientGone as gone:
-            self._client_gone(gone.__cause__)
-        except ConnectionError as exc:
-            # The client's transport closed under a write before connection_lost ran.
-            self._client_gone(exc)
+            try:
+                ending = await self._ending()
+            except asyncio.CancelledError:
+                if self._handle.stopping:
+                    ending = endings.ShutDown()
+                else:
+                    ending = endings.of_cancellation(self._request, self._accountant)
+                endings.record(self._request, self._outcome, ending)
+                if isinstance(ending, endings.ShutDown) and not self._handle.upstream_open and self._response.prepared:
+                    # `_end` cancelled the wait for LiteLLM's headers: the client, still
+                    # connected, gets the same final frame as a stream past its headers.
+                    await self._write_final(ending)
+                raise
+            endings.record(self._request, self._outcome, ending)
+            await self._write_final(ending)
         finally:
             if self._keepalive is not None:
                 self._keepalive.stop(self._response)
@@ -148,66 +129,65 @@ class StreamRelay:
             self._metrics.relayed_bytes.inc(self._handle.relayed)
         return self._response
 
-    def _client_gone(self, error: BaseException | None = None) -> None:
-        self._outcome.aborted(self._accountant)
-        structlog.contextvars.bind_contextvars(
-            client_disconnected=True, disconnect_reason=disconnect_reason(self._request, error)
-        )
+    async def _ending(self) -> endings.Ending:
+        """Relay the stream; how it ended."""
+        try:
+            await self._response.prepare(self._request)
+            if self._keepalive is not None:
+                self._keepalive.start(self._response, self._request)
+            if self._handle.stopping:
+                # Started after shutdown began ending streams (`StreamTracker.add`): LiteLLM
+                # is not asked at all, the stream ends at once.
+                return endings.ShutDown()
+            return await self._relay()
+        except ConnectionError as exc:
+            # A write towards the client failed (`ClientWriteFailed`, or its transport
+            # closed under `prepare` before connection_lost ran).
+            return endings.ClientLeft(disconnect_reason(self._request, exc), self._accountant)
 
-    async def _relay(self) -> None:
-        if self._handle.stopping:
-            # Started after shutdown began ending streams (`StreamTracker.add`): LiteLLM
-            # is not asked at all, the stream ends at once.
-            await self._end_for_shutdown()
-            return
+    async def _relay(self) -> endings.Ending:
         try:
             async with self._client.completion(self._body, stream=True) as upstream:
                 self._upstream = upstream
                 self._handle.upstream_open = True
                 if upstream.status >= 300:
-                    await self._relay_upstream_error(upstream.status, await read_error_body(upstream))
-                    return
+                    text = await read_error_body(upstream)
+                    return endings.refused(judge_response(upstream.status, text, relay="stream"))
                 routing = RoutingInfo.from_headers(upstream.headers)
                 if self._keepalive is not None:
                     await self._first_byte(upstream)
                 await self._pump(upstream)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            # An upstream error (client writes raise ClientGone, see `_pump`); if the client
-            # is gone by now as well, its hang-up is what the stream ended with.
+            # An upstream error (client writes raise ClientWriteFailed); if the client is
+            # gone by now as well, its hang-up is what the stream ended with.
             if isinstance(exc, ConnectionError) and self._request.transport is None:
-                self._client_gone()
-                return
-            await self._relay_failure(exc)
-            return
+                return endings.ClientLeft(disconnect_reason(self._request), self._accountant)
+            if self._handle.stopping:
+                return endings.ShutDown()
+            relayed = self._handle.relayed
+            if self._handle.timed_out:
+                return endings.Silenced(judge_failure(exc, relay="stream", relayed_bytes=relayed, silent=True))
+            return endings.UpstreamFailed(judge_failure(exc, relay="stream", relayed_bytes=relayed))
+        accountant = self._accountant
         if self._handle.relayed == 0:
-            log.error("upstream_empty_stream")
-            self._outcome.failed("empty_response")
-            await self._write(sse_frame({"code": 502, "error": GENERIC_UPSTREAM_MESSAGE}))
-            return
-        self._outcome.stream_finished(self._accountant, routing)
-        await self._response.write_eof()
+            return endings.UpstreamFailed(judge_empty_stream(GENERIC_UPSTREAM_MESSAGE), reason="empty_response")
+        if accountant.error_payload is not None:
+            # LiteLLM's failure inside its 200 stream: judged like the same error as a
+            # response body; the client got the event as sent, the relay adds no frame.
+            payload = accountant.error_payload
+            return endings.refused(judge_response(in_band_status(payload), payload, relay="stream", in_band=True), in_band=True)
+        usage = Usage(accountant.prompt_tokens, accountant.completion_tokens, accountant.tool_names_in_order())
+        return endings.Completed(usage, routing)
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:
-        if self._fast_path:
-            fast = FastRelay.take_over(
-                upstream, self._request, self._response, self._handle, self._accountant, self._observe_ttft
-            )
+        if self._fast_path is not None:
+            fast = self._fast_path(upstream, self._request, self._response, self._delivery)
             if fast is not None:
-                try:
-                    await fast.run()
-                except ClientWriteFailed as exc:  # towards the client: see the module docstring
-                    raise ClientGone from exc
+                await fast.run()
                 return
-        write, feed, handle = self._response.write, self._accountant.feed, self._handle
+        write, response = self._delivery.write, self._response
         async for chunk in upstream.content.iter_any():
-            try:
-                await write(chunk)
-            except ConnectionError as exc:  # towards the client: see the module docstring
-                raise ClientGone from exc
-            if handle.relayed == 0:  # after the write: the client's first byte does not wait for metrics
-                self._observe_ttft()
-            handle.relayed += len(chunk)
-            feed(chunk)
+            await write(response, chunk)
 
     def _observe_ttft(self) -> None:
         self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
@@ -218,59 +198,21 @@ class StreamRelay:
         first = await upstream.content.readany()
         assert self._keepalive is not None
         self._keepalive.stop(self._response)  # synchronous: no comment after this point
-        if not first:
-            return
-        try:
-            await self._response.write(first)
-        except ConnectionError as exc:  # towards the client: see the module docstring
-            raise ClientGone from exc
-        self._observe_ttft()
-        self._handle.relayed += len(first)
-        self._accountant.feed(first)
+        if first:
+            await self._delivery.write(self._response, first)
 
-    async def _relay_upstream_error(self, status: int, text: str) -> None:
-        classification = classify(status, text)
-        if classification is not None:
-            log.warning(classification.log_prefix, upstream_status=status, upstream_detail=upstream_text_for_log(error_detail(text)))
-            self._outcome.rejected(classification)
-            await self._write(sse_frame({"error": classification.code}))
-            return
-        detail = error_detail(text)
-        log.error("upstream_error", upstream_status=status, upstream_detail=upstream_text_for_log(detail))
-        self._outcome.failed()
-        await self._write(sse_frame({"code": status, "error": detail if self._debug else GENERIC_UPSTREAM_MESSAGE}))
-
-    async def _relay_failure(self, exc: BaseException) -> None:
-        if self._handle.stopping:
-            await self._end_for_shutdown()
-            return
-        if self._handle.timed_out:
-            log.error("upstream_stream_failed", error_type="UpstreamSilent", relayed_bytes=self._handle.relayed)
-        else:
-            log.error(
-                "upstream_stream_failed",
-                error_type=type(exc).__name__,
-                error=str(exc) or repr(exc),
-                relayed_bytes=self._handle.relayed,
-                exc_info=exc,
-            )
-        self._outcome.failed()
-        prefix = b"\n\n" if self._accountant.has_partial_event else b""
-        detail = f"{type(exc).__name__}: {exc}" if self._debug else GENERIC_UPSTREAM_MESSAGE
-        await self._write(prefix + sse_frame({"code": 502, "error": detail}))
-
-    async def _end_for_shutdown(self) -> None:
-        self._outcome.failed("server_shutdown")
-        # An upstream read may have ended mid-event: terminate it before our frame.
-        prefix = b"\n\n" if self._accountant.has_partial_event else b""
-        await self._write(prefix + SHUTDOWN_FRAME)
-
-    async def _write(self, data: bytes) -> None:
-        """Write a final frame; a client that is already gone is not an error."""
+    async def _write_final(self, ending: endings.Ending) -> None:
+        """The ending's final frame, if any, and the end of the response; a client that is
+        already gone is not an error, and the ending stands."""
         if self._keepalive is not None:
             self._keepalive.stop(self._response)
+        if isinstance(ending, endings.ClientLeft):
+            return  # nothing to end towards a client that left
+        frame = endings.final_frame(ending, debug=self._debug, relayed=self._accountant)
         try:
-            await self._response.write(data)
+            if frame is not None:
+                await self._response.write(frame)
             await self._response.write_eof()
-        except ConnectionError as exc:
-            self._client_gone(exc)
+        except ConnectionError:
+            pass
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import structlog
 
@@ -21,10 +21,17 @@ log = structlog.get_logger(__name__)
 _FINAL_FRAME_GRACE_SECONDS = 1.0
 
 
-# How often the silence watch looks, as a share of the timeout (bounded both ways).
+# How often the silence watch looks, as a share of the timeout.
 _WATCH_SHARE = 0.1
-_WATCH_MIN_SECONDS = 0.05
-_WATCH_MAX_SECONDS = 5.0
+# Every app-wide periodic look (silence watch, keep-alive tick) is bounded both ways:
+# often enough for short test intervals, never busier than this.
+_TICK_MIN_SECONDS = 0.05
+_TICK_MAX_SECONDS = 5.0
+
+
+def tick_seconds(period: float, share: float) -> float:
+    """How often an app-wide task looks at its streams: `share` of `period`, bounded."""
+    return min(max(period * share, _TICK_MIN_SECONDS), _TICK_MAX_SECONDS)
 
 
 def _ended() -> None:
@@ -77,12 +84,6 @@ class StreamTracker:
         # Set once shutdown's drain is over: a stream that starts from then on is ended at once.
         self._ending = False
 
-    def __len__(self) -> int:
-        return len(self._streams)
-
-    def __iter__(self) -> Iterator[OpenStream]:
-        return iter(self._streams)
-
     def add(self, stream: OpenStream) -> None:
         self._streams.add(stream)
         self._idle.clear()
@@ -105,7 +106,7 @@ class StreamTracker:
     async def watch_silence(self, timeout: float) -> None:
         """Run until cancelled: end streams whose upstream sent nothing for `timeout`
         seconds after its headers (before them, the relay's own deadline applies)."""
-        interval = min(max(timeout * _WATCH_SHARE, _WATCH_MIN_SECONDS), _WATCH_MAX_SECONDS)
+        interval = tick_seconds(timeout, _WATCH_SHARE)
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()

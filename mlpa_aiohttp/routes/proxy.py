@@ -137,7 +137,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
             keepalive=_keepalive_for(request, completion),
-            fast_path=settings.stream_limits.relay_fast_path,
+            fast_path=app[keys.RELAY_FAST_PATH],
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:

@@ -13,15 +13,48 @@ connection is made with `loop.create_connection(host=<numeric>, ...)`, whose res
 a numeric host is done inline by both uvloop and asyncio. Everything else (several
 addresses, TLS, local address binding) takes aiohttp's own path unchanged. Errors map to
 the same `ClientConnectorError` aiohttp raises.
+
+It overrides a private method (`TCPConnector._wrap_create_connection`) and reads private
+attributes, so `make_connector` checks once, when the session is made, that the running
+aiohttp is one it was tested on and has them (aiohttp_internals.py); otherwise the session
+gets aiohttp's own `TCPConnector`, with one WARNING.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+
+from ..aiohttp_internals import fence, missing_attributes
+
+# What the override takes from aiohttp's own `_wrap_create_connection`, by keyword.
+_OVERRIDDEN_PARAMETERS = ("addr_infos", "req", "timeout", "client_error")
+# What it reads on the connector.
+_READ_ATTRIBUTES = ("_local_addr_infos", "_socket_factory", "_loop")
+
+
+def make_connector(*, version: str | None = None, **kwargs: Any) -> aiohttp.TCPConnector:
+    """A `DirectConnector` if the running aiohttp (`version` stands in for it in tests)
+    allows it, else aiohttp's own `TCPConnector`; `kwargs` are TCPConnector's."""
+    connector = DirectConnector(**kwargs)
+    if fence("direct upstream connector", missing_internals(aiohttp.TCPConnector, connector), version=version):
+        return connector
+    # Nothing was opened yet: the unused connector holds no connection to close.
+    return aiohttp.TCPConnector(**kwargs)
+
+
+def missing_internals(base: type, connector: object) -> list[str]:
+    """What the override needs and `base` (its parent class) or `connector` lacks."""
+    missing = missing_attributes(connector, _READ_ATTRIBUTES)
+    original = getattr(base, "_wrap_create_connection", None)
+    if original is None:
+        return [*missing, f"{base.__name__}._wrap_create_connection"]
+    parameters = inspect.signature(original).parameters
+    return missing + [f"_wrap_create_connection({name}=)" for name in _OVERRIDDEN_PARAMETERS if name not in parameters]
 
 
 class DirectConnector(aiohttp.TCPConnector):

@@ -21,7 +21,7 @@ from aiohttp import hdrs
 from ..observability.metrics import Metrics
 from ..settings import UpstreamSettings
 from .bodies import UpstreamBody
-from .connector import DirectConnector
+from .connector import make_connector
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +43,7 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     Every call passes its own `ClientTimeout` (LiteLLMClient's per-kind timeouts, FxA's,
     Google's), which replaces this default whole; the default (connect and read bounded, no
     total, which would cut long streams) only bounds a call added without one."""
-    connector = DirectConnector(
+    connector = make_connector(
         limit=settings.max_connections,
         limit_per_host=0,
         keepalive_timeout=settings.keepalive_timeout_seconds,

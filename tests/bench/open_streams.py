@@ -438,11 +438,13 @@ def phase_memory(run: Run) -> None:
         with Processes(run.work_dir) as procs:
             upstream = start_fake_litellm(procs, ttft=0.2, chunks=60, interval=1.0)
             for target in run.targets(procs, names, upstream):
-                # Warm the allocator and lazily built state with a smaller wave first.
-                warm = Loadgen(procs, target, min(500, n), content=content, open_on=open_on,
-                               open_timeout=args.open_timeout)
-                warm.close()
-                time.sleep(2.0)
+                # Warm the allocator and lazily built state with a smaller wave first
+                # (--memory-warmup 0: a fresh process, what the first streams cost).
+                if args.memory_warmup > 0:
+                    warm = Loadgen(procs, target, min(args.memory_warmup, n), content=content, open_on=open_on,
+                                   open_timeout=args.open_timeout)
+                    warm.close()
+                    time.sleep(2.0)
                 before = target.rss_bytes()
                 loadgen = Loadgen(procs, target, n, content=content, open_on=open_on, open_timeout=args.open_timeout)
                 try:
@@ -712,6 +714,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--open-timeout", type=float, default=45.0, help="longest wait for N streams to open")
     parser.add_argument("--idle-n", type=int, default=2000)
     parser.add_argument("--memory-n", default="2000,5000", help="stream counts of the memory phase")
+    parser.add_argument("--memory-warmup", type=int, default=500, help="memory: streams of the warm-up wave (0: fresh process)")
     parser.add_argument("--memory-kinds", default="silent,active,silent+16KiB", help="which kinds of stream to measure")
     parser.add_argument("--chunk-rates", default="10,50", help="events/s per stream of the chunk phase (200 streams)")
     parser.add_argument("--scale-n", type=int, default=10000)

@@ -2,7 +2,7 @@
 
 Servers under test ("targets"), all relaying POST /v1/chat/completions to one upstream:
 
-  aiohttp-gunicorn  the service: gunicorn, config/gunicorn.conf.py, aiohttp worker, 1 worker
+  aiohttp-gunicorn  the service: gunicorn, config/gunicorn.conf.py, aiohttp worker, 1 worker, default config
   aiohttp-serve     the service: `python -m mlpa_aiohttp serve` (web.run_app, one process)
   fastapi-poll      peer: FastAPI + uvicorn + httpx with the original's middlewares and
                     per-chunk inspection (no auth), polls is_disconnected() every 100 ms
@@ -185,7 +185,8 @@ def start_target(
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
     if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
         env = _service_env(port, upstream_port, fxa_port, root)
-        env["RELAY_FAST_PATH"] = "true" if name.endswith("fast") else "false"
+        if name.endswith("fast"):  # the others run the tree's default configuration
+            env["RELAY_FAST_PATH"] = "true"
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
         env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"

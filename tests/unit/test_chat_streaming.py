@@ -11,6 +11,7 @@ import pytest
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.testing.fake_litellm import Scenario
+from tests.support.relay_state import streams_with_upstream_open
 
 from tests.support.metrics import sample
 from tests.support.streams import direct_stream_bytes
@@ -107,7 +108,7 @@ async def test_open_streams_do_not_keep_the_conversation(service: Service) -> No
         for _ in range(streams):
             responses.append(await service.client.post("/v1/chat/completions", data=body, headers=service.headers()))
         # Every upstream answered: the bodies were sent.
-        await wait_for(lambda: sum(stream.upstream_open for stream in service.app[keys.STREAMS]) == streams)
+        await wait_for(lambda: streams_with_upstream_open(service.app) == streams)
         gc.collect()
         snapshot = tracemalloc.take_snapshot()
     finally:

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.relay.fast_path import FastRelay
-from mlpa_aiohttp.relay.stream import SHUTDOWN_FRAME
+from mlpa_aiohttp.relay.sse import SHUTDOWN_EVENT as SHUTDOWN_FRAME
 
 from tests.support.waiting import wait_for
 

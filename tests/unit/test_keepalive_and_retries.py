@@ -10,8 +10,9 @@ import re
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.errors import GENERIC_UPSTREAM_MESSAGE
-from mlpa_aiohttp.relay.stream import sse_frame
+from mlpa_aiohttp.relay.sse import event as sse_frame
 from mlpa_aiohttp.testing.fake_litellm import Scenario
+from tests.support.relay_state import streams_waiting_for_keepalive, streams_with_upstream_open
 
 from tests.support.metrics import sample
 from tests.support.streams import direct_stream_bytes
@@ -53,19 +54,19 @@ async def test_keepalive_comments_arrive_at_the_interval_until_the_first_byte(ma
     sent_upstream = service.litellm.requests_to(COMPLETIONS)[-1].json
     assert _normalised(raw) == _normalised(await direct_stream_bytes(service, sent_upstream))
     assert sample(service, "mlpa_stream_keepalive_comments_total", {}) == comments
-    assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
+    assert streams_waiting_for_keepalive(service.app) == 0
 
 
 async def test_comments_go_on_after_headers_until_a_byte_and_stop_when_the_client_leaves(make_service) -> None:
     service = await make_service(STREAM_KEEPALIVE_SECONDS="0.1")
     service.litellm.next_scenarios.append(Scenario.HANG_AFTER_HEADERS)  # headers, then no byte
     response = await service.chat(chat_body(stream=True), headers=_headers(service, OPT_IN))
-    await wait_for(lambda: any(stream.upstream_open for stream in service.app[keys.STREAMS]), timeout=5)
+    await wait_for(lambda: streams_with_upstream_open(service.app) > 0, timeout=5)
     for _ in range(2):  # LiteLLM's headers are in; its first byte is not: comments go on
         assert await asyncio.wait_for(response.content.readexactly(len(COMMENT)), 2) == COMMENT
     response.close()
     await wait_for(lambda: not open_streams(service))
-    assert len(service.app[keys.STREAM_KEEPALIVE]) == 0
+    assert streams_waiting_for_keepalive(service.app) == 0
 
 
 async def test_service_type_opts_in_without_the_header(make_service) -> None:

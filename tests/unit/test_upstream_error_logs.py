@@ -73,3 +73,43 @@ async def test_an_upstream_error_echoing_the_prompt_is_logged_scrubbed(make_serv
     assert SECRET not in caplog.text
     assert logged["upstream_detail"].startswith("litellm.BadRequestError: provider rejected input:")
     assert len(logged["upstream_detail"]) < MAX_LOGGED_CHARS + 40
+
+
+@pytest.mark.parametrize(("stream", "event"), [(True, "upstream_stream_failed"), (False, "completion_proxy_failed")])
+async def test_litellm_unreachable_is_one_line_with_its_cause_and_no_traceback(make_service, caplog, stream, event) -> None:
+    """An operator's view (issue 25 item 6): a refused connection is not a code fault."""
+    service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9")
+    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+    response = await service.chat(chat_body(stream=stream))
+    await response.read()
+    [line] = events(caplog, event)
+    assert (line["level"], line["error_type"]) == ("ERROR", "ClientConnectorError")
+    assert line["cause"].startswith("ConnectionRefusedError: "), line["cause"]
+    assert not [e for e in events(caplog) if e.get("exc_info")], "no traceback for an unreachable LiteLLM"
+
+
+async def test_an_unexpected_upstream_failure_keeps_its_traceback(make_service, aiohttp_server, caplog) -> None:
+    async def not_json(request: web.Request) -> web.Response:
+        return web.Response(text="<html>not json</html>", content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", not_json)
+    server = await aiohttp_server(app)
+    service = await make_service(LITELLM_API_BASE=str(server.make_url("")).rstrip("/"))
+    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+    response = await service.chat(chat_body())
+    assert response.status == 502
+    [line] = events(caplog, "completion_proxy_failed")
+    assert line["error_type"] == "JSONDecodeError" and "cause" not in line
+    assert isinstance(line["exc_info"], ValueError)
+
+
+def test_event_names_are_literal() -> None:
+    """A grep for an event must find where it is logged: no f-string as a log call's event."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(keys.__file__).parent
+    built = re.compile(r"\blog\.(?:debug|info|warning|error|exception|critical)\(\s*f[\"']")
+    offenders = [str(path) for path in package.rglob("*.py") if built.search(path.read_text())]
+    assert offenders == []
