@@ -30,7 +30,7 @@ from ..errors import (
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
 from ..models import ChatBody, SearchRequest
-from ..relay.stream import SHUTDOWN_FRAME
+from ..relay.sse import SHUTDOWN_EVENT
 from ..settings import TRUTHY
 from ..store.base import MEMORY_STORE_STATE
 from ..upstream.classify import BUDGET_EXCEEDED, RATE_LIMITED, UPSTREAM_RATE_LIMITED
@@ -68,7 +68,7 @@ fails ends instead with one error frame and no `[DONE]`:
 * `data: {{"code": S, "error": "{GENERIC_UPSTREAM_MESSAGE}"}}`: an unclassified
   upstream error with status S (502 for transport errors, mid-stream failures and an empty
   upstream stream);
-* `{SHUTDOWN_FRAME.decode().strip()}`: the server stopped during the
+* `{SHUTDOWN_EVENT.decode().strip()}`: the server stopped during the
   stream (graceful shutdown)."""
 
 _SSE_EVENT: Schema = {

@@ -86,7 +86,9 @@ class StreamRelay:
         self._task = asyncio.current_task()
         self._handle = OpenStream(self._end)
         self._accountant = sse.StreamAccountant()
-        self._delivery = Delivery(self._handle, self._accountant, self._observe_ttft)
+        # The TTFT observer must not hold `self`: a bound method here would be a reference
+        # cycle (relay -> delivery -> relay) that only the cyclic collector frees.
+        self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome.model, started))
         # Set only for a stream that opted into keep-alive comments (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
@@ -189,9 +191,6 @@ class StreamRelay:
         async for chunk in upstream.content.iter_any():
             await write(response, chunk)
 
-    def _observe_ttft(self) -> None:
-        self._metrics.ttft.labels(self._outcome.model).observe(time.monotonic() - self._started)
-
     async def _first_byte(self, upstream: aiohttp.ClientResponse) -> None:
         """Keep-alive streams only: wait for the first upstream bytes, end the comments, then
         relay those bytes as `_pump` would; `_pump` carries on with the rest."""
@@ -216,3 +215,11 @@ class StreamRelay:
         except ConnectionError:
             pass
 
+
+def _ttft_observer(metrics: Metrics, model: str, started: float) -> Callable[[], None]:
+    """What the stream's first relayed byte records: its time to first token."""
+
+    def observe() -> None:
+        metrics.ttft.labels(model).observe(time.monotonic() - started)
+
+    return observe

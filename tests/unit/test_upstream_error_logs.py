@@ -11,7 +11,7 @@ from aiohttp import web
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.upstream_text import MAX_LOGGED_CHARS, upstream_text_for_log
 
-from tests.support.store_seeding import seed_user
+from tests.support.store_seeding import add_memory_row, seed_user
 
 from ..conftest import chat_body, events
 
@@ -79,7 +79,7 @@ async def test_an_upstream_error_echoing_the_prompt_is_logged_scrubbed(make_serv
 async def test_litellm_unreachable_is_one_line_with_its_cause_and_no_traceback(make_service, caplog, stream, event) -> None:
     """An operator's view (issue 25 item 6): a refused connection is not a code fault."""
     service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9")
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+    add_memory_row(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai")  # LiteLLM is unreachable
     response = await service.chat(chat_body(stream=stream))
     await response.read()
     [line] = events(caplog, event)
@@ -96,7 +96,7 @@ async def test_an_unexpected_upstream_failure_keeps_its_traceback(make_service, 
     app.router.add_post("/v1/chat/completions", not_json)
     server = await aiohttp_server(app)
     service = await make_service(LITELLM_API_BASE=str(server.make_url("")).rstrip("/"))
-    service.app[keys.STORE].add_user("test-uid:ai", "end-user-budget-ai")
+    await seed_user(service.app[keys.STORE], "test-uid:ai", "end-user-budget-ai")
     response = await service.chat(chat_body())
     assert response.status == 502
     [line] = events(caplog, "completion_proxy_failed")
