@@ -41,7 +41,7 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_RATE_LIMITED}: rate limit (TPM/RPM) of the platform (429, `Retry-After: 60`)
 * {CODE_PAYLOAD_TOO_LARGE}: request or context too large (413)
 * {CODE_SIGNUP_CAP}: maximum number of signed-in users reached (403)
-* {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: 60`)
+* {CODE_UPSTREAM_RATE_LIMITED}: upstream throttling without rate-limit wording (429, `Retry-After: 60`); a provider 429 wrapped by LiteLLM is 2
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
