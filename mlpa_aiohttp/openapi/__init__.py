@@ -602,7 +602,7 @@ def _paths(*, mock_routes: bool) -> Schema:
                     _header(
                         "X-MLPA-Keepalive",
                         "`1` (or `true`, `yes`, `on`): while a streamed answer waits for its first token, "
-                        "the server sends `: keep-alive` SSE comment lines every `STREAM_KEEPALIVE_SECONDS`. "
+                        "the server sends an empty line (`\\n`) every `STREAM_KEEPALIVE_SECONDS`. "
                         "Ignored when that is 0 (the default) and for non-streamed completions.",
                     ),
                 ],
