@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
+from urllib.parse import quote
 
 import pytest
+from yarl import URL
 
 from tests.conftest import TEST_SECRETS, Service, ServiceFactory
 from tests.support.app_attest_device import TestAttestationCA
@@ -132,9 +134,9 @@ def base_url(service: Service) -> str:
 
 async def block_user(service: Service, user_id: str) -> None:
     """What an operator does: the admin route, with the master key."""
-    response = await service.client.post(
-        f"/user/{user_id}/block", headers={"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"}
-    )
+    # An App Attest identity is base64: its `/` travels percent-encoded in the path.
+    path = URL(f"/user/{quote(user_id, safe='')}/block", encoded=True)
+    response = await service.client.post(path, headers={"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"})
     assert response.status == 200, await response.text()
 
 
