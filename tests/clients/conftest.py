@@ -110,7 +110,7 @@ def client_service(
     root = tmp_path / "app-attest-root.pem"
     root.write_bytes(attestation_ca.root_pem)
 
-    async def build(cell: Cell, case: str, service_type: str) -> Service:
+    async def build(cell: Cell, case: str, service_type: str, **extra_env: str) -> Service:
         env = {
             "RELAY_FAST_PATH": "true" if cell.fast_path else "false",
             "APP_ATTEST_ROOT_CA_PATH": str(root),
@@ -118,6 +118,7 @@ def client_service(
             "PLAY_INTEGRITY_API_BASE": str(google.base_url),
             "PLAY_INTEGRITY_CREDENTIALS_FILE": str(google.credentials_file),
             **case_env(case, service_type),
+            **extra_env,
         }
         if cell.keepalive:
             env.update({"STREAM_KEEPALIVE_SECONDS": KEEPALIVE_SECONDS, "STREAM_KEEPALIVE_SERVICE_TYPES": service_type})
