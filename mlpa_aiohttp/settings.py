@@ -438,7 +438,7 @@ class StreamLimitSettings:
     """Beyond the reference: open streams one identity may hold per worker (0 = no cap)."""
 
     max_concurrent_streams_per_user: int = variable("MAX_CONCURRENT_STREAMS_PER_USER", 0, minimum=0)
-    # Beyond the reference: `: keep-alive` comments every this many seconds while a stream
+    # Beyond the reference: a keep-alive empty line every this many seconds while a stream
     # waits for its first upstream byte (0 = off), for these service types or on request.
     keepalive_seconds: float = variable("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0)
     keepalive_service_types: frozenset[str] = variable("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset())

@@ -103,7 +103,7 @@ class Metrics:
             registry=r,
         )
         self.stream_keepalives = Counter(
-            "mlpa_stream_keepalive_comments", "SSE keep-alive comments sent while a first token was pending", registry=r
+            "mlpa_stream_keepalive_comments", "SSE keep-alive empty lines sent while a first token was pending", registry=r
         )
         self.requests = Counter(
             "mlpa_requests",

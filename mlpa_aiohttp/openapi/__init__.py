@@ -50,7 +50,7 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_RATE_LIMITED}: rate limit (TPM/RPM) of the platform (429, `Retry-After: {RATE_LIMITED.retry_after}`)
 * {CODE_PAYLOAD_TOO_LARGE}: request or context too large (413)
 * {CODE_SIGNUP_CAP}: maximum number of signed-in users reached (403)
-* {CODE_UPSTREAM_RATE_LIMITED}: upstream provider rate limit (429, `Retry-After: {UPSTREAM_RATE_LIMITED.retry_after}`)
+* {CODE_UPSTREAM_RATE_LIMITED}: upstream throttling without rate-limit wording (429, `Retry-After: {UPSTREAM_RATE_LIMITED.retry_after}`); a provider 429 wrapped by LiteLLM is {CODE_RATE_LIMITED}
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
@@ -616,7 +616,7 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
                     _header(
                         header_names.STREAM_KEEPALIVE,
                         f"{_truthy_text()}: while a streamed answer waits for its first token, "
-                        "the server sends `: keep-alive` SSE comment lines every `STREAM_KEEPALIVE_SECONDS`. "
+                        "the server sends an empty line (`\\n`) every `STREAM_KEEPALIVE_SECONDS`. "
                         "Ignored when that is 0 (the default) and for non-streamed completions.",
                     ),
                 ],

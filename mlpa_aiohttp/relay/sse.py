@@ -34,9 +34,10 @@ HEADERS = {
     "X-Accel-Buffering": "no",
 }
 
-# Written while a stream waits for its first upstream byte (relay/keepalive.py); every SSE
-# parser ignores a comment line.
-KEEPALIVE_COMMENT = b": keep-alive\n\n"
+# Written while a stream waits for its first upstream byte (relay/keepalive.py): one empty
+# line, which ends no event. Not an SSE comment: Firefox for Android's line reader JSON-decodes
+# every non-empty line, so `: keep-alive` would end its answer (docs/clients.md).
+KEEPALIVE_BYTES = b"\n"
 
 
 def event(payload: dict[str, Any]) -> bytes:

@@ -70,12 +70,6 @@ class PublicKeyStore(Protocol):
 # -- Postgres ----------------------------------------------------------------------
 
 
-# Each extra attempt means the key id's challenge was consumed between our two statements;
-# one more round normally inserts afresh. Losing this many rounds in a row is an attestation
-# storm on one key id: give up rather than loop.
-CHALLENGE_ISSUE_ATTEMPTS = 3
-
-
 class PostgresChallengeStore:
     def __init__(self, pool: asyncpg.Pool, expiry_seconds: int, clock: Clock = utc_now) -> None:
         self._pool = pool
@@ -83,34 +77,29 @@ class PostgresChallengeStore:
         self._clock = clock
 
     async def issue(self, key_id_b64: str) -> str:
-        for _ in range(CHALLENGE_ISSUE_ATTEMPTS):
-            now = self._clock()
-            with db_errors("issue challenge"):
-                # Replaces the stored challenge only when it is stale, so concurrent
-                # callers for one key id all get the same challenge.
-                replaced = await self._pool.fetchval(
-                    "INSERT INTO challenges (key_id_b64, challenge, created_at) VALUES ($1, $2, $3)"
-                    " ON CONFLICT (key_id_b64) DO UPDATE"
-                    "   SET challenge = EXCLUDED.challenge, created_at = EXCLUDED.created_at"
-                    "   WHERE challenges.challenge IS NULL OR challenges.created_at IS NULL"
-                    "      OR challenges.created_at < $4"
-                    " RETURNING challenge",
-                    key_id_b64,
-                    new_challenge(),
-                    now,
-                    now - self._expiry,
-                )
-                if replaced is not None:
-                    return str(replaced)
-                current = await self._pool.fetchval(
-                    "SELECT challenge FROM challenges WHERE key_id_b64 = $1", key_id_b64
-                )
-            if current is not None:
-                return str(current)
-            # Consumed between the two statements: issue a new one.
-        raise StoreUnavailable(
-            f"issue challenge: consumed before it could be read, {CHALLENGE_ISSUE_ATTEMPTS} times in a row"
-        )
+        now = self._clock()
+        with db_errors("issue challenge"):
+            # One statement, so no consume can slip in between a write and a read: insert,
+            # or keep the fresh challenge (a no-op update, so the row comes back), or
+            # replace a stale one. ON CONFLICT DO UPDATE always yields the row in force,
+            # also when a concurrent consume deletes the conflicting row (it inserts then).
+            issued = await self._pool.fetchval(
+                "INSERT INTO challenges AS c (key_id_b64, challenge, created_at) VALUES ($1, $2, $3)"
+                " ON CONFLICT (key_id_b64) DO UPDATE SET"
+                "   challenge = CASE WHEN c.challenge IS NULL OR c.created_at IS NULL OR c.created_at < $4"
+                "     THEN EXCLUDED.challenge ELSE c.challenge END,"
+                "   created_at = CASE WHEN c.challenge IS NULL OR c.created_at IS NULL OR c.created_at < $4"
+                "     THEN EXCLUDED.created_at ELSE c.created_at END"
+                " RETURNING challenge",
+                key_id_b64,
+                new_challenge(),
+                now,
+                now - self._expiry,
+            )
+        if issued is None:
+            # Only something outside the service (a trigger, a rule) can swallow the row.
+            raise StoreUnavailable("issue challenge: the database stored no challenge")
+        return str(issued)
 
     async def consume(self, key_id_b64: str, challenge: str) -> bool:
         with db_errors("consume challenge"):

@@ -1,12 +1,16 @@
 """Classification of LiteLLM error responses into the client-facing codes (spec §4.5).
 
-Pure functions of (status, body text); first rule that matches wins. Two departures from the
-reference, both for what the real LiteLLM sends (docs/litellm-wire.md):
+Pure functions of (status, body text); first rule that matches wins. One departure from the
+reference's wire, for what the real LiteLLM sends (docs/litellm-wire.md): a budget error is
+recognised at any 4xx status, not only 400/429, since LiteLLM answers budget errors with
+`budget_exceeded_status_code` (422 by default in 1.106.12, any status when set).
 
-- a budget error is recognised at any 4xx status, not only 400/429: LiteLLM answers budget
-  errors with `budget_exceeded_status_code` (422 by default in 1.106.12, any status when set);
-- a provider's 429 that LiteLLM wrapped (`litellm.RateLimitError: ... <Provider>Exception - `)
-  is the provider-throttling code 5, not LiteLLM's own rate limit (code 2).
+A provider's 429 that LiteLLM wrapped (`litellm.RateLimitError: ... <Provider>Exception - `)
+answers what the reference answers, error 2 (its rule 1a sees rate-limit wording in the
+`error` object): Firefox for Android shows "rate limited" only for 1 and 2, anything else
+as a server error (docs/clients.md). Only operators see the finer distinction: availability
+`rate_limited_upstream` and the "Upstream rate limit exceeded" log prefix. Error 5 stays for
+the bare throttling bodies of the reference's rule 1b.
 """
 
 from __future__ import annotations
@@ -42,6 +46,17 @@ RATE_LIMITED = Classification(
     availability_reason="rate_limited_platform",
     log_prefix="Rate limit exceeded",
 )
+# A provider's 429 wrapped by LiteLLM: error 2 on the wire, as the reference answers; the
+# provider named for operators only.
+PROVIDER_RATE_LIMITED = Classification(
+    status=429,
+    code=CODE_RATE_LIMITED,
+    retry_after=60,
+    rejection_reason="rate_limited",
+    availability_reason="rate_limited_upstream",
+    log_prefix="Upstream rate limit exceeded",
+)
+# The bare throttling bodies of the reference's rule 1b (no `error` object with rate wording).
 UPSTREAM_RATE_LIMITED = Classification(
     status=429,
     code=CODE_UPSTREAM_RATE_LIMITED,
@@ -130,7 +145,7 @@ def _rate_limit(parsed: Any, body: str) -> Classification | None:
     if error is not None:
         message = str(error.get("message", "")).lower()
         if _WRAPPED_PROVIDER_RATE_LIMIT.search(message):
-            return UPSTREAM_RATE_LIMITED
+            return PROVIDER_RATE_LIMITED
         if _RATE_LIMIT_WORDING.search(_error_text(parsed)):
             return RATE_LIMITED
     if isinstance(parsed, dict) and (

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from mlpa_aiohttp import keys
+from mlpa_aiohttp.relay.sse import KEEPALIVE_BYTES
 from mlpa_aiohttp.testing.fake_litellm import Scenario
 from tests.support.store_seeding import slots_held
 from tests.support.waiting import wait_for
@@ -63,7 +64,7 @@ async def test_a_hung_up_stream_gives_its_slot_back_at_once(make_service) -> Non
     assert freed_after < 0.1, f"slot freed {freed_after * 1000:.1f} ms after the hang-up"
 
 
-async def test_keepalive_comments_keep_their_interval(make_service) -> None:
+async def test_keepalive_lines_keep_their_interval(make_service) -> None:
     service: Service = await make_service(STREAM_KEEPALIVE_SECONDS="0.2")
     service.litellm.slow_delay = 1.0
     service.litellm.next_scenarios.append(Scenario.SLOW_FIRST_BYTE)
@@ -71,7 +72,7 @@ async def test_keepalive_comments_keep_their_interval(make_service) -> None:
     assert response.status == 200
     started, comment_times = time.monotonic(), []
     async for chunk in response.content.iter_any():
-        if chunk == b": keep-alive\n\n":
+        if chunk == KEEPALIVE_BYTES:
             comment_times.append(time.monotonic() - started)
     # 1.0 s of silence at a 0.2 s interval (the tick may be a quarter interval late).
     assert 3 <= len(comment_times) <= 5, comment_times

@@ -109,8 +109,8 @@ async def test_reported_cost_of_a_priced_model(served: Service) -> None:
 
 # model (LiteLLM model group) -> (status, body) of the JSON answer and its Retry-After
 ERRORS: dict[str, tuple[int, Any, str | None]] = {
-    "ratelimit-model": (429, {"detail": {"error": 5}}, "60"),  # provider RPM 429 (Retry-After 7)
-    "throttle-model": (429, {"detail": {"error": 5}}, "60"),  # provider "resource exhausted"
+    "ratelimit-model": (429, {"detail": {"error": 2}}, "60"),  # provider RPM 429 (Retry-After 7)
+    "throttle-model": (429, {"detail": {"error": 2}}, "60"),  # provider "resource exhausted"
     "ctx-model": (413, {"detail": {"error": 3}}, None),
     "no-such-model": (400, {"detail": {"error": 8}}, None),  # not configured in LiteLLM
     "badparam-model": (400, {"detail": {"error": GENERIC}}, None),
@@ -222,6 +222,6 @@ async def test_gunicorn_streams_through_litellm(real_litellm: RealLiteLLM, fakes
         payloads = sse_payloads(body)
         assert payloads[-1] == "[DONE]" and streamed_content(payloads) == REPLY
         status, _, body = await post(service, chat("ratelimit-model"))
-        assert (status, json.loads(body)) == (429, {"detail": {"error": 5}})
+        assert (status, json.loads(body)) == (429, {"detail": {"error": 2}})
     finally:
         stop(service.process)

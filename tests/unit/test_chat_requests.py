@@ -272,7 +272,7 @@ EXPECTED_JSON = {
     "budget_400": (429, {"detail": {"error": 1}}, "86400"),
     "budget_429": (429, {"detail": {"error": 1}}, "86400"),
     "rate_limit_429": (429, {"detail": {"error": 2}}, "60"),
-    "throttling_429": (429, {"detail": {"error": 5}}, "60"),
+    "throttling_429": (429, {"detail": {"error": 2}}, "60"),  # wrapped provider 429
     "context_window_400": (413, {"detail": {"error": 3}}, None),
     "invalid_model_400": (400, {"detail": {"error": 8}}, None),
     "invalid_argument_400": (400, {"detail": {"error": 9}}, None),

@@ -180,7 +180,7 @@ CLASSIFIED = {
     "budget_400": 1,
     "budget_429": 1,
     "rate_limit_429": 2,
-    "throttling_429": 5,
+    "throttling_429": 2,  # a provider 429 wrapped by LiteLLM: error 2, as the reference
     "context_window_400": 3,
     "invalid_model_400": 8,
     "invalid_argument_400": 9,

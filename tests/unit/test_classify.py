@@ -61,9 +61,12 @@ def test_error_detail_prefers_error_message_and_unwraps_python_dicts() -> None:
 
 # capture name -> (status, code, Retry-After, availability reason), or None for unclassified
 CAPTURED = {
-    # A provider's 429, wrapped by LiteLLM: the provider-throttling code (README, Behaviour notes).
-    "err_ratelimit_nonstream": (429, 5, 60, "rate_limited_upstream"),
-    "err_throttle_stream": (429, 5, 60, "rate_limited_upstream"),
+    # A provider's 429, wrapped by LiteLLM: error 2 as the reference answers (its rule 1a sees
+    # the rate-limit wording), the provider named to operators (availability reason).
+    "err_ratelimit_nonstream": (429, 2, 60, "rate_limited_upstream"),
+    "err_ratelimit_stream": (429, 2, 60, "rate_limited_upstream"),
+    "err_throttle_nonstream": (429, 2, 60, "rate_limited_upstream"),
+    "err_throttle_stream": (429, 2, 60, "rate_limited_upstream"),
     "err_ctx_nonstream": (413, 3, None, "payload_too_large"),
     "err_unknown_model_stream": (400, 8, None, "invalid_model_name"),
     "err_badparam_nonstream": None,
@@ -129,7 +132,7 @@ def test_litellm_own_rate_limit_stays_platform_rate_limit() -> None:
 
 
 @pytest.mark.parametrize("provider", ["OpenAIException", "VertexAIException", "AnthropicException", "BedrockException"])
-def test_any_wrapped_provider_rate_limit_is_provider_throttling(provider: str) -> None:
+def test_any_wrapped_provider_rate_limit_is_error_2_named_upstream_for_operators(provider: str) -> None:
     body = json.dumps(
         {
             "error": {
@@ -141,7 +144,27 @@ def test_any_wrapped_provider_rate_limit_is_provider_throttling(provider: str) -
         }
     )
     found = classify(429, body)
-    assert found is not None and (found.code, found.retry_after) == (5, 60)
+    assert found is not None
+    assert (found.code, found.retry_after, found.availability_reason, found.log_prefix) == (
+        2, 60, "rate_limited_upstream", "Upstream rate limit exceeded",
+    )
+
+
+# The reference's rule 1b, body by body: error 5 only where no `error` object carries rate-limit
+# wording (rule 1a) and a throttling marker is there.
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps({"status": "RESOURCE_EXHAUSTED"}),
+        json.dumps({"type": "throttling_error", "message": "slow down"}),
+        "litellm.RateLimitError: provider said slow down",
+        json.dumps({"error": {"type": "throttling_error", "message": "slow down"}}),
+        json.dumps({"error": {"status": "RESOURCE_EXHAUSTED", "message": "quota"}}),
+    ],
+)
+def test_bare_throttling_bodies_are_error_5(body: str) -> None:
+    found = classify(429, body)
+    assert found is not None and (found.code, found.availability_reason) == (5, "rate_limited_upstream")
 
 
 # -- through the service over HTTP, against the fake LiteLLM --------------------------------------
@@ -163,8 +186,8 @@ async def test_budget_error_reaches_the_client_as_the_budget_answer(service, sce
 # The fake's scenarios calibrated to LiteLLM's captured bodies: scenario -> (status, body) of the
 # JSON answer; a stream answers one frame with the same code.
 CALIBRATED = {
-    "provider_rate_limit_429": (429, {"detail": {"error": 5}}, "60"),
-    "throttling_429": (429, {"detail": {"error": 5}}, "60"),
+    "provider_rate_limit_429": (429, {"detail": {"error": 2}}, "60"),
+    "throttling_429": (429, {"detail": {"error": 2}}, "60"),
     "rate_limit_429": (429, {"detail": {"error": 2}}, "60"),
     "context_window_400": (413, {"detail": {"error": 3}}, None),
     "invalid_model_400": (400, {"detail": {"error": 8}}, None),
