@@ -46,6 +46,7 @@ from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
+from .overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
@@ -77,8 +78,12 @@ def create_app(settings: Settings) -> web.Application:
         CollectorRegistry(auto_describe=True),
         multiprocess=settings.observability.prometheus_multiproc_dir is not None,
     )
+    streams = StreamTracker()
+    monitor = LoadMonitor(settings.overload, streams.__len__, metrics) if settings.overload.enabled else None
+    # Overload shedding sits right inside the log line, before any other work (overload.py).
+    shedding = [shedding_middleware(monitor, metrics)] if monitor is not None else []
     app = web.Application(
-        middlewares=[request_context, error_mapping],
+        middlewares=[request_context, *shedding, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so
@@ -96,7 +101,12 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics
-    app[keys.STREAMS] = StreamTracker()
+    app[keys.STREAMS] = streams
+    if monitor is not None:
+        app[keys.OVERLOAD] = monitor
+        app.cleanup_ctx.append(lambda _app: sampler_context(monitor))
+        if settings.overload.max_admissions:
+            app.on_response_prepare.append(on_response_prepare(monitor))
     app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     if settings.stream_limits.keepalive_seconds > 0:
         app[keys.STREAM_KEEPALIVE] = FirstByteKeepAlive(settings.stream_limits.keepalive_seconds, metrics)

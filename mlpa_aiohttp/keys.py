@@ -13,6 +13,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .observability.metrics import Metrics
+from .overload import LoadMonitor
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
 from .settings import Settings
@@ -28,6 +29,8 @@ STREAMS = web.AppKey("streams", StreamTracker)
 STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
 # Only present when STREAM_KEEPALIVE_SECONDS > 0.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
+# Only present when OVERLOAD_PROTECTION is on.
+OVERLOAD = web.AppKey("overload", LoadMonitor)
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

@@ -1,0 +1,233 @@
+"""Overload protection (beyond the reference; OVERLOAD_* settings, off by default).
+
+A worker that admits more new requests than it can serve makes every one of them wait:
+connections queue in the kernel and in the event loop, clients give up, the open streams'
+events arrive late, and readiness keeps saying ready so the balancer keeps sending. With
+the protection on, the worker knows when it is overloaded and says so early instead:
+
+* One app-wide sampler task sleeps a fixed period; how late it wakes is the event-loop lag
+  (no per-request or per-stream timer). Overloaded above OVERLOAD_LAG_ENTER_MS; no longer
+  once the lag stayed below OVERLOAD_LAG_LEAVE_MS for OVERLOAD_RECOVER_SECONDS.
+* Optional bounds: open streams (OVERLOAD_MAX_OPEN_STREAMS) and admissions in flight
+  (OVERLOAD_MAX_ADMISSIONS: requests between their arrival and their first response byte).
+* While overloaded, every new request but the health probes and /metrics gets a 503 with
+  the reference's generic body and `Retry-After`, before any auth or provisioning work,
+  counted in `mlpa_shed_requests{reason}`. Streams already open are never touched.
+* `/health/readiness` answers 503 with the reason while the lag state or a bound holds,
+  and for OVERLOAD_RECOVER_SECONDS after, so Kubernetes steers new traffic elsewhere.
+
+Requests whose client gave up before the service read them need nothing here: aiohttp's
+connection-lost callback cancels the connection's handler task before a request queued on
+it starts (handler cancellation is on), so such a request reaches no middleware, auth or
+provisioning (tests/unit/test_overload.py pins it). One whose client leaves mid-way is
+cancelled at its next await, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from .observability.metrics import Metrics
+from .settings import OverloadSettings
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The reasons of `mlpa_shed_requests` (a bounded label set).
+EVENT_LOOP_LAG = "event_loop_lag"
+OPEN_STREAMS = "open_streams"
+ADMISSIONS = "admissions"
+SHED_REASONS = (EVENT_LOOP_LAG, OPEN_STREAMS, ADMISSIONS)
+
+# Never shed: the probes must tell the truth and the scrape must see the overload.
+EXEMPT_PATHS = frozenset({"/health/liveness", "/health/readiness", "/metrics"})
+
+# The body FastAPI's HTTPException gives a bare 503 (its status phrase), as the reference
+# would, and as `middlewares.error_mapping` answers aiohttp's own 503.
+SHED_BODY = json.dumps({"detail": "Service Unavailable"}).encode()
+
+# Set on a request while it counts as an admission in flight.
+_ADMITTING = web.RequestKey("overload_admitting", bool)
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadState:
+    """What readiness reports: why the worker is overloaded and the figures behind it."""
+
+    reason: str
+    event_loop_lag_ms: float
+    # The largest lag since the worker became overloaded (what made it so).
+    peak_event_loop_lag_ms: float
+    open_streams: int
+    admissions: int
+
+
+class LoadMonitor:
+    """This worker's load, as the sampler last saw it, and the shedding decision.
+
+    `tick(lag, now)` is the whole state machine (the sampler calls it every period);
+    `open_streams` is read, never changed."""
+
+    def __init__(self, settings: OverloadSettings, open_streams: Callable[[], int], metrics: Metrics) -> None:
+        self.settings = settings
+        self._open_streams = open_streams
+        self._metrics = metrics
+        self.admissions = 0
+        self.last_lag = 0.0
+        self._lag_overloaded = False
+        self._peak_lag = 0.0
+        self._calm_since: float | None = None
+        # Readiness: the last sample at which a bound (not the lag) held.
+        self._bound_hot_at: float | None = None
+        self._bound_reason: str | None = None
+        self._now = 0.0
+
+    # -- the sampler --------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run until cancelled: sleep one period, take the lateness as the lag."""
+        loop = asyncio.get_running_loop()
+        period = self.settings.sample_interval_ms / 1000
+        while True:
+            started = loop.time()
+            await asyncio.sleep(period)
+            now = loop.time()
+            self.tick(max(0.0, now - started - period), now)
+
+    def tick(self, lag: float, now: float) -> None:
+        settings = self.settings
+        self._now = now
+        self.last_lag = lag
+        self._metrics.event_loop_lag.observe(lag)
+        if lag > settings.lag_enter_seconds:
+            self._lag_overloaded = True
+            self._peak_lag = max(self._peak_lag, lag)
+            self._calm_since = None
+        elif self._lag_overloaded:
+            if lag >= settings.lag_leave_seconds:
+                self._calm_since = None
+            elif self._calm_since is None:
+                self._calm_since = now
+            if self._calm_since is not None and now - self._calm_since >= settings.recover_seconds:
+                self._lag_overloaded = False
+                self._peak_lag = 0.0
+                self._calm_since = None
+        bound = self._bound_exceeded()
+        if bound is not None:
+            self._bound_hot_at, self._bound_reason = now, bound
+        self._metrics.overloaded.set(1 if self.state() is not None else 0)
+
+    # -- the decisions ------------------------------------------------------------------
+    def _bound_exceeded(self) -> str | None:
+        settings = self.settings
+        if settings.max_open_streams and self._open_streams() >= settings.max_open_streams:
+            return OPEN_STREAMS
+        if settings.max_admissions and self.admissions >= settings.max_admissions:
+            return ADMISSIONS
+        return None
+
+    def shed_reason(self) -> str | None:
+        """Why a new request must be shed now, or None: the lag state, else a bound
+        exceeded at this very moment (exact, no hold)."""
+        if self._lag_overloaded:
+            return EVENT_LOOP_LAG
+        return self._bound_exceeded()
+
+    def state(self) -> OverloadState | None:
+        """What readiness reports: overloaded while the lag state holds, or a bound held at
+        a sample less than OVERLOAD_RECOVER_SECONDS ago; None when not overloaded."""
+        if self._lag_overloaded:
+            reason: str | None = EVENT_LOOP_LAG
+        elif self._bound_hot_at is not None and self._now - self._bound_hot_at < self.settings.recover_seconds:
+            reason = self._bound_reason
+        else:
+            reason = self._bound_exceeded()
+        if reason is None:
+            return None
+        return OverloadState(
+            reason,
+            round(self.last_lag * 1000, 1),
+            round(self._peak_lag * 1000, 1),
+            self._open_streams(),
+            self.admissions,
+        )
+
+
+def shed_response(retry_after_seconds: int) -> web.Response:
+    response = web.Response(
+        status=503,
+        body=SHED_BODY,
+        content_type="application/json",
+        headers={"Retry-After": str(retry_after_seconds)},
+    )
+    # A client (or balancer) connection held open to an overloaded worker would bring its
+    # next request here too: closing it lets the next one be balanced afresh.
+    response.force_close()
+    return response
+
+
+def shedding_middleware(monitor: LoadMonitor, metrics: Metrics) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The middleware placed right inside `request_context` (which logs the 503 and counts
+    its status), so a shed request costs no auth, validation or provisioning."""
+    retry_after = monitor.settings.retry_after_seconds
+    shed = metrics.shed_requests
+    track_admissions = monitor.settings.max_admissions > 0
+
+    @web.middleware
+    async def shed_when_overloaded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in EXEMPT_PATHS:
+            return await handler(request)
+        reason = monitor.shed_reason()
+        if reason is not None:
+            shed.labels(reason).inc()
+            return shed_response(retry_after)
+        if not track_admissions:
+            return await handler(request)
+        monitor.admissions += 1
+        request[_ADMITTING] = True
+        try:
+            return await handler(request)
+        finally:
+            admitted(request, monitor)
+
+    return shed_when_overloaded
+
+
+def admitted(request: web.Request, monitor: LoadMonitor) -> None:
+    """The request's first response byte is on its way (or it ended): no longer admitting."""
+    if request.get(_ADMITTING):
+        request[_ADMITTING] = False
+        monitor.admissions -= 1
+
+
+def on_response_prepare(monitor: LoadMonitor) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """A stream stops being an admission when its headers go out, not when it ends."""
+
+    async def end_admission(request: web.Request, response: web.StreamResponse) -> None:
+        admitted(request, monitor)
+
+    return end_admission
+
+
+async def sampler_context(monitor: LoadMonitor) -> AsyncIterator[None]:
+    """The one sampler task for the app's lifetime."""
+    task = asyncio.create_task(monitor.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def readiness_body(state: OverloadState) -> dict[str, object]:
+    """The `overload` object of the readiness body."""
+    return {
+        "reason": state.reason,
+        "event_loop_lag_ms": state.event_loop_lag_ms,
+        "peak_event_loop_lag_ms": state.peak_event_loop_lag_ms,
+        "open_streams": state.open_streams,
+        "admissions": state.admissions,
+    }
