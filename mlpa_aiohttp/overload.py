@@ -6,8 +6,12 @@ events arrive late, and readiness keeps saying ready so the balancer keeps sendi
 the protection on, the worker knows when it is overloaded and says so early instead:
 
 * One app-wide sampler task sleeps a fixed period; how late it wakes is the event-loop lag
-  (no per-request or per-stream timer). Overloaded above OVERLOAD_LAG_ENTER_MS; no longer
-  once the lag stayed below OVERLOAD_LAG_LEAVE_MS for OVERLOAD_RECOVER_SECONDS.
+  (no per-request or per-stream timer). A sample above OVERLOAD_LAG_ENTER_MS starts
+  shedding, the first one below OVERLOAD_LAG_LEAVE_MS stops it: shedding follows the lag
+  sample by sample, so the worker keeps serving what it can (a hold there left it idle,
+  shedding everything, for the whole hold: fewer served than with no protection at all).
+  Readiness has the hold: not-ready from the first sample above the enter bound until the
+  lag stayed below the leave bound for OVERLOAD_RECOVER_SECONDS.
 * Optional bounds: open streams (OVERLOAD_MAX_OPEN_STREAMS) and admissions in flight
   (OVERLOAD_MAX_ADMISSIONS: requests between their arrival and their first response byte).
 * While overloaded, every new request but the health probes and /metrics gets a 503 with
@@ -78,7 +82,8 @@ class LoadMonitor:
         self._metrics = metrics
         self.admissions = 0
         self.last_lag = 0.0
-        self._lag_overloaded = False
+        self._lag_overloaded = False  # readiness: with the recover hold
+        self._lag_shedding = False  # shedding: sample by sample
         self._peak_lag = 0.0
         self._calm_since: float | None = None
         # Readiness: the last sample at which a bound (not the lag) held.
@@ -102,6 +107,10 @@ class LoadMonitor:
         self._now = now
         self.last_lag = lag
         self._metrics.event_loop_lag.observe(lag)
+        if lag > settings.lag_enter_seconds:
+            self._lag_shedding = True
+        elif lag < settings.lag_leave_seconds:
+            self._lag_shedding = False
         if lag > settings.lag_enter_seconds:
             self._lag_overloaded = True
             self._peak_lag = max(self._peak_lag, lag)
@@ -130,9 +139,10 @@ class LoadMonitor:
         return None
 
     def shed_reason(self) -> str | None:
-        """Why a new request must be shed now, or None: the lag state, else a bound
-        exceeded at this very moment (exact, no hold)."""
-        if self._lag_overloaded:
+        """Why a new request must be shed now, or None: the lag (since a sample above the
+        enter bound, until one below the leave bound), else a bound exceeded at this very
+        moment (exact, no hold)."""
+        if self._lag_shedding:
             return EVENT_LOOP_LAG
         return self._bound_exceeded()
 
