@@ -171,10 +171,13 @@ http {{
 
 
 def start_target(
-    procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None
+    procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None,
+    service_env: dict[str, str] | None = None, label: str | None = None,
 ) -> Target:
     """`name@REF` runs the service target `name` from the source tree exported for REF
-    (--baseline-ref), so one run measures before and after a change side by side."""
+    (--baseline-ref), so one run measures before and after a change side by side.
+    `service_env` adds variables to a service target's environment (tests/bench/overload.py
+    runs the same target with and without a setting); `label` names the target then."""
     port = free_port()
     full_name = name
     name, _, ref = name.partition("@")
@@ -182,7 +185,7 @@ def start_target(
     if ref and name not in SERVICE_TARGETS:
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
     if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
-        env = _service_env(port, upstream_port, fxa_port, root)
+        env = {**_service_env(port, upstream_port, fxa_port, root), **(service_env or {})}
         env["RELAY_FAST_PATH"] = "true" if name.endswith("fast") else "false"
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
@@ -230,7 +233,7 @@ def start_target(
     else:
         raise ValueError(f"unknown target {name!r}; choose from {', '.join(ALL_TARGETS + OPTIONAL_TARGETS)}")
     wait_for_port(port, timeout=60, process=child.process)
-    target = Target(full_name, port, token, child)
+    target = Target(label or full_name, port, token, child)
     warm_up(target)
     return target
 
