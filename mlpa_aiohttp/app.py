@@ -80,10 +80,10 @@ def create_app(settings: Settings) -> web.Application:
     )
     streams = StreamTracker()
     monitor = LoadMonitor(settings.overload, streams.__len__, metrics) if settings.overload.enabled else None
-    # Overload shedding sits right inside the log line, before any other work (overload.py).
-    shedding = [shedding_middleware(monitor, metrics)] if monitor is not None else []
+    # Overload shedding comes first, before even the log line (overload.py says why).
+    shedding = [shedding_middleware(monitor)] if monitor is not None else []
     app = web.Application(
-        middlewares=[request_context, *shedding, error_mapping],
+        middlewares=[*shedding, request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so

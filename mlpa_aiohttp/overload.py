@@ -17,6 +17,13 @@ the protection on, the worker knows when it is overloaded and says so early inst
 * While overloaded, every new request but the health probes and /metrics gets a 503 with
   the reference's generic body and `Retry-After`, before any auth or provisioning work,
   counted in `mlpa_shed_requests{reason}`. Streams already open are never touched.
+* The shedding middleware is the outermost one, before `request_context`: a shed request
+  gets no canonical log line and no request metrics, because the line and its context are
+  most of what a shed would cost (0.35 of 1.30 ms per new stream in the profile of
+  docs/performance.md) and a worker that sheds must drain its accept queue faster than
+  requests arrive. Instead each episode of shedding is logged twice: one WARNING
+  `overload_shedding_started` (reason, lag) and one INFO `overload_shedding_ended` (how many
+  were shed, for how long), and the counter counts every one.
 * `/health/readiness` answers 503 with the reason while the lag state or a bound holds,
   and for OVERLOAD_RECOVER_SECONDS after, so Kubernetes steers new traffic elsewhere.
 
@@ -31,15 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
+import structlog
 from aiohttp import web
 
 from .observability.metrics import Metrics
 from .settings import OverloadSettings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+log = structlog.get_logger(__name__)
 
 # The reasons of `mlpa_shed_requests` (a bounded label set).
 EVENT_LOOP_LAG = "event_loop_lag"
@@ -90,6 +101,9 @@ class LoadMonitor:
         self._bound_hot_at: float | None = None
         self._bound_reason: str | None = None
         self._now = 0.0
+        # The current episode of shedding (for its two log lines).
+        self._episode_started: float | None = None
+        self._episode_shed = 0
 
     # -- the sampler --------------------------------------------------------------------
     async def run(self) -> None:
@@ -128,6 +142,28 @@ class LoadMonitor:
         if bound is not None:
             self._bound_hot_at, self._bound_reason = now, bound
         self._metrics.overloaded.set(1 if self.state() is not None else 0)
+        if self._episode_started is not None and self.shed_reason() is None:
+            log.info(
+                "overload_shedding_ended",
+                shed_requests=self._episode_shed,
+                seconds=round(time.monotonic() - self._episode_started, 2),
+            )
+            self._episode_started = None
+
+    def record_shed(self, reason: str) -> None:
+        """A request was shed: counted; the first of an episode is logged."""
+        self._metrics.shed_requests.labels(reason).inc()
+        if self._episode_started is None:
+            self._episode_started = time.monotonic()
+            self._episode_shed = 0
+            log.warning(
+                "overload_shedding_started",
+                reason=reason,
+                event_loop_lag_ms=round(self.last_lag * 1000, 1),
+                open_streams=self._open_streams(),
+                admissions=self.admissions,
+            )
+        self._episode_shed += 1
 
     # -- the decisions ------------------------------------------------------------------
     def _bound_exceeded(self) -> str | None:
@@ -179,11 +215,10 @@ def shed_response(retry_after_seconds: int) -> web.Response:
     return response
 
 
-def shedding_middleware(monitor: LoadMonitor, metrics: Metrics) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """The middleware placed right inside `request_context` (which logs the 503 and counts
-    its status), so a shed request costs no auth, validation or provisioning."""
+def shedding_middleware(monitor: LoadMonitor) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """The outermost middleware: a shed request costs no log line, auth, validation or
+    provisioning (see the module's docstring)."""
     retry_after = monitor.settings.retry_after_seconds
-    shed = metrics.shed_requests
     track_admissions = monitor.settings.max_admissions > 0
 
     @web.middleware
@@ -192,7 +227,7 @@ def shedding_middleware(monitor: LoadMonitor, metrics: Metrics) -> Callable[...,
             return await handler(request)
         reason = monitor.shed_reason()
         if reason is not None:
-            shed.labels(reason).inc()
+            monitor.record_shed(reason)
             return shed_response(retry_after)
         if not track_admissions:
             return await handler(request)

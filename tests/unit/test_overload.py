@@ -19,7 +19,7 @@ from mlpa_aiohttp.overload import LoadMonitor
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 
-from ..conftest import TEST_SECRETS, Service, ServiceFactory, chat_body, open_streams
+from ..conftest import TEST_SECRETS, Service, ServiceFactory, chat_body, events, open_streams
 
 # Fast sampling and short holds, so a test sees a flip and its recovery within a second.
 FAST = {
@@ -114,7 +114,9 @@ async def test_lag_between_the_bounds_keeps_the_worker_overloaded(make_service: 
     assert status == 503 and body["overload"]["reason"] == "event_loop_lag"
 
 
-async def test_shedding_answers_503_fast_while_open_streams_keep_streaming(make_service: ServiceFactory) -> None:
+async def test_shedding_answers_503_fast_while_open_streams_keep_streaming(
+    make_service: ServiceFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     service = await make_service(**FAST)
     service.litellm.chunks = 12
     service.litellm.interval = 0.05
@@ -128,6 +130,8 @@ async def test_shedding_answers_503_fast_while_open_streams_keep_streaming(make_
         started = time.monotonic()
         shed = await service.chat(chat_body(stream=True))
         elapsed = time.monotonic() - started
+        again = await service.chat(chat_body())
+        assert again.status == 503
     assert shed.status == 503
     assert await shed.json() == SHED_BODY
     assert shed.headers["Retry-After"] == "3"
@@ -139,7 +143,18 @@ async def test_shedding_answers_503_fast_while_open_streams_keep_streaming(make_
     # Probes and the scrape are never shed.
     assert (await service.client.get("/health/liveness")).status == 200
     text = await scrape(service)
-    assert shed_counts(text) == {"event_loop_lag": 1.0}
+    assert shed_counts(text) == {"event_loop_lag": 2.0}
+    # One WARNING for the episode, no request line per shed request; one INFO at its end.
+    [started_line] = events(caplog, "overload_shedding_started")
+    assert started_line["level"] == "WARNING" and started_line["reason"] == "event_loop_lag"
+    chat_lines = [e for e in events(caplog, "request") if e.get("path") == "/v1/chat/completions"]
+    assert [e["status"] for e in chat_lines] == []  # the open stream's line comes at its end
+    deadline = time.monotonic() + 2
+    while not events(caplog, "overload_shedding_ended"):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    [ended] = events(caplog, "overload_shedding_ended")
+    assert ended["level"] == "INFO" and ended["shed_requests"] == 2
 
     # The stream opened before the overload runs to its end.
     rest = await stream.read()
