@@ -431,6 +431,9 @@ class OverloadSettings:
     # and their first response byte.
     max_open_streams: int = variable("OVERLOAD_MAX_OPEN_STREAMS", 0, minimum=0)
     max_admissions: int = variable("OVERLOAD_MAX_ADMISSIONS", 0, minimum=0)
+    # Connections waiting in the kernel's accept queue of the listening socket(s), sampled:
+    # what the worker has not even accepted yet (0 = no bound).
+    max_accept_queue: int = variable("OVERLOAD_MAX_ACCEPT_QUEUE", 200, minimum=0)
     retry_after_seconds: int = variable("OVERLOAD_RETRY_AFTER_SECONDS", 2, minimum=0)
 
     @property

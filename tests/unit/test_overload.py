@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.metrics import Metrics
-from mlpa_aiohttp.overload import LoadMonitor
+from mlpa_aiohttp.overload import LoadMonitor, accept_queue_length, listening_sockets
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 
@@ -317,3 +318,39 @@ def test_defaults() -> None:
     assert settings == OverloadSettings()
     assert not settings.enabled
     assert (settings.lag_enter_seconds, settings.lag_leave_seconds) == (0.2, 0.05)
+
+
+def test_accept_queue_is_read_from_a_real_listening_socket() -> None:
+    settings = Settings.from_environ({**TEST_SECRETS, **FAST, "OVERLOAD_MAX_ACCEPT_QUEUE": "4"}).overload
+    with socket.create_server(("127.0.0.1", 0), backlog=32) as listener:
+        monitor = LoadMonitor(settings, lambda: 0, Metrics(CollectorRegistry()), listeners=lambda: [listener])
+        monitor.tick(0.0, now=0.0)
+        assert monitor.shed_reason() is None and accept_queue_length(listener) == 0
+        # The kernel completes these handshakes; nobody accepts them.
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(5)]
+        try:
+            assert accept_queue_length(listener) == 5
+            monitor.tick(0.0, now=0.1)
+            assert monitor.shed_reason() == "accept_queue"
+            state = monitor.state()
+            assert state is not None and state.reason == "accept_queue" and state.accept_queue == 5
+            for _ in range(3):
+                listener.accept()[0].close()
+            monitor.tick(0.0, now=0.2)
+            assert monitor.shed_reason() is None  # 2 < 4: shedding stops at once
+            assert monitor.state() is not None  # readiness holds for the recover time
+            monitor.tick(0.0, now=0.7)
+            assert monitor.state() is None
+        finally:
+            for client in clients:
+                client.close()
+
+
+def test_the_process_listening_sockets_are_found() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        found = listening_sockets()
+        try:
+            assert listener.getsockname() in [sock.getsockname() for sock in found]
+        finally:
+            for sock in found:
+                sock.close()
