@@ -6,6 +6,8 @@ their collaborators as arguments.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import aiohttp
 from aiohttp import web
 
@@ -13,7 +15,6 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .observability.metrics import Metrics
-from .overload import LoadMonitor
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.tracker import StreamTracker
 from .settings import Settings
@@ -23,6 +24,10 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
 
+if TYPE_CHECKING:
+    # overload.py is a middleware module (it imports aiohttp.web): named for the type only.
+    from .overload import LoadMonitor
+
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
@@ -30,7 +35,7 @@ STREAM_SLOTS = web.AppKey("stream_slots", StreamSlots)
 # Only present when STREAM_KEEPALIVE_SECONDS > 0.
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
 # Only present when OVERLOAD_PROTECTION is on.
-OVERLOAD = web.AppKey("overload", LoadMonitor)
+OVERLOAD: web.AppKey[LoadMonitor] = web.AppKey("overload")
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)
