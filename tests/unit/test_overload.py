@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.metrics import Metrics
-from mlpa_aiohttp.overload import LoadMonitor, accept_queue_length, listening_sockets
+from mlpa_aiohttp.overload import SHED_REASONS, LoadMonitor, accept_queue_length, listening_sockets
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 
@@ -354,3 +354,11 @@ def test_the_process_listening_sockets_are_found() -> None:
         finally:
             for sock in found:
                 sock.close()
+
+
+def test_the_openapi_document_names_every_reason() -> None:
+    from mlpa_aiohttp.openapi import build_document
+
+    document = build_document(mock_routes=False)
+    overload = document["components"]["schemas"]["Readiness"]["properties"]["overload"]
+    assert tuple(overload["properties"]["reason"]["enum"]) == SHED_REASONS
