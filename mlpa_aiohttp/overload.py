@@ -20,7 +20,9 @@ the protection on, the worker knows when it is overloaded and says so early inst
   than requests arrive; the lag alone said nothing about it (the benchmark's 503s waited
   seconds with lag-based shedding only).
 * Optional bounds: open streams (OVERLOAD_MAX_OPEN_STREAMS) and admissions in flight
-  (OVERLOAD_MAX_ADMISSIONS: requests between their arrival and their first response byte).
+  (OVERLOAD_MAX_ADMISSIONS: requests between their arrival and their response headers; a
+  stream's headers go out once auth and provisioning are done, before LiteLLM is asked, so
+  its upstream connect is not counted).
 * While overloaded, every new request but the health probes and /metrics gets a 503 with
   the reference's generic body and `Retry-After`, before any auth or provisioning work,
   counted in `mlpa_shed_requests{reason}`. Streams already open are never touched.

@@ -428,7 +428,7 @@ class OverloadSettings:
     # How often the one sampler task wakes to measure the lag.
     sample_interval_ms: int = variable("OVERLOAD_LAG_SAMPLE_MS", 100, minimum=10)
     # Further bounds, per worker (0 = none): open streams, and requests between their arrival
-    # and their first response byte.
+    # and their response headers.
     max_open_streams: int = variable("OVERLOAD_MAX_OPEN_STREAMS", 0, minimum=0)
     max_admissions: int = variable("OVERLOAD_MAX_ADMISSIONS", 0, minimum=0)
     # Connections waiting in the kernel's accept queue of the listening socket(s), sampled:
