@@ -48,6 +48,7 @@ from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
+from .overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
@@ -82,8 +83,12 @@ def create_app(settings: Settings) -> web.Application:
         multiprocess=settings.observability.prometheus_multiproc_dir is not None,
         catalog=settings.catalog,
     )
+    streams = StreamTracker()
+    monitor = LoadMonitor(settings.overload, streams.open_count, metrics) if settings.overload.enabled else None
+    # Overload shedding comes first, before even the log line (overload.py says why).
+    shedding = [shedding_middleware(monitor)] if monitor is not None else []
     app = web.Application(
-        middlewares=[request_context, error_mapping],
+        middlewares=[*shedding, request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so
@@ -102,8 +107,13 @@ def create_app(settings: Settings) -> web.Application:
     app[keys.SETTINGS] = settings
     app[keys.METRICS] = metrics
     app[keys.REQUEST_RULES] = RequestRules(settings.catalog)
-    app[keys.STREAMS] = StreamTracker()
+    app[keys.STREAMS] = streams
     app[keys.RELAY_FAST_PATH] = _relay_fast_path(settings)
+    if monitor is not None:
+        app[keys.OVERLOAD] = monitor
+        app.cleanup_ctx.append(lambda _app: sampler_context(monitor))
+        if settings.overload.max_admissions:
+            app.on_response_prepare.append(on_response_prepare(monitor))
     app[keys.STREAM_SLOTS] = StreamSlots(settings.stream_limits.max_concurrent_streams_per_user)
     if settings.stream_limits.keepalive_seconds > 0:
         app[keys.STREAM_KEEPALIVE] = FirstByteKeepAlive(settings.stream_limits.keepalive_seconds, metrics)

@@ -6,6 +6,8 @@ their collaborators as arguments.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import aiohttp
 from aiohttp import web
 
@@ -24,6 +26,10 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
 
+if TYPE_CHECKING:
+    # overload.py is a middleware module (it imports aiohttp.web): named for the type only.
+    from .overload import LoadMonitor
+
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 STREAMS = web.AppKey("streams", StreamTracker)
@@ -34,6 +40,8 @@ REQUEST_RULES = web.AppKey("request_rules", RequestRules)
 STREAM_KEEPALIVE = web.AppKey("stream_keepalive", FirstByteKeepAlive)
 # The relay fast path's entry, or None: RELAY_FAST_PATH off, or this aiohttp fenced it off.
 RELAY_FAST_PATH: web.AppKey[TakeOver] = web.AppKey("relay_fast_path")
+# Only present when OVERLOAD_PROTECTION is on.
+OVERLOAD: web.AppKey[LoadMonitor] = web.AppKey("overload")
 HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)

@@ -447,6 +447,47 @@ class StreamLimitSettings:
     relay_fast_path: bool = variable("RELAY_FAST_PATH", True)
 
 
+def _lag_hysteresis(env: _Env, default: tuple[float, float]) -> tuple[float, float]:
+    """OVERLOAD_LAG_ENTER_MS and OVERLOAD_LAG_LEAVE_MS, in seconds; leave must be below enter."""
+    enter = env.float("OVERLOAD_LAG_ENTER_MS", default[0] * 1000, minimum=1.0)
+    leave = env.float("OVERLOAD_LAG_LEAVE_MS", default[1] * 1000, minimum=0.0)
+    assert enter is not None and leave is not None
+    if leave >= enter:
+        env.problem(f"OVERLOAD_LAG_LEAVE_MS: must be below OVERLOAD_LAG_ENTER_MS ({enter:g}), got {leave:g}")
+        return default
+    return enter / 1000, leave / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadSettings:
+    """Beyond the reference: shed new requests with a 503 while this worker is overloaded
+    (mlpa_aiohttp/overload.py; docs/scaling.md says how to choose the bounds)."""
+
+    enabled: bool = variable("OVERLOAD_PROTECTION", False)
+    # Event-loop lag: overloaded above `enter`, and again not once it stayed below `leave`
+    # for `recover_seconds` (seconds; read from the two *_MS variables).
+    lag_enter_leave_seconds: tuple[float, float] = derived(_lag_hysteresis, default=(0.2, 0.05))
+    recover_seconds: float = variable("OVERLOAD_RECOVER_SECONDS", 5.0, minimum=0.0)
+    # How often the one sampler task wakes to measure the lag.
+    sample_interval_ms: int = variable("OVERLOAD_LAG_SAMPLE_MS", 100, minimum=10)
+    # Further bounds, per worker (0 = none): open streams, and requests between their arrival
+    # and their response headers.
+    max_open_streams: int = variable("OVERLOAD_MAX_OPEN_STREAMS", 0, minimum=0)
+    max_admissions: int = variable("OVERLOAD_MAX_ADMISSIONS", 0, minimum=0)
+    # Connections waiting in the kernel's accept queue of the listening socket(s), sampled:
+    # what the worker has not even accepted yet (0 = no bound).
+    max_accept_queue: int = variable("OVERLOAD_MAX_ACCEPT_QUEUE", 200, minimum=0)
+    retry_after_seconds: int = variable("OVERLOAD_RETRY_AFTER_SECONDS", 2, minimum=0)
+
+    @property
+    def lag_enter_seconds(self) -> float:
+        return self.lag_enter_leave_seconds[0]
+
+    @property
+    def lag_leave_seconds(self) -> float:
+        return self.lag_enter_leave_seconds[1]
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -469,6 +510,7 @@ class Settings:
     play: PlaySettings = PlaySettings()
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
+    overload: OverloadSettings = OverloadSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:

@@ -26,6 +26,7 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 TOOL_CALL_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50)
 TOKEN_BUCKETS = (0, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000)
 ATTEMPT_BUCKETS = (0, 1, 2, 3, 5)
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 # Availability outcome is a pure function of the reason (spec §6).
 AVAILABILITY_OUTCOME: Mapping[str, str] = {
@@ -104,6 +105,16 @@ class Metrics:
         )
         self.stream_keepalives = Counter(
             "mlpa_stream_keepalive_comments", "SSE keep-alive empty lines sent while a first token was pending", registry=r
+        )
+        # Overload protection (mlpa_aiohttp/overload.py), observed only while it is on.
+        self.shed_requests = Counter(
+            "mlpa_shed_requests", "New requests shed by overload protection", ("reason",), registry=r
+        )
+        self.overloaded = Gauge(
+            "mlpa_overloaded", "1 while this worker reports itself overloaded", registry=r, multiprocess_mode="livesum"
+        )
+        self.event_loop_lag = Histogram(
+            "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )
         self.requests = Counter(
             "mlpa_requests",

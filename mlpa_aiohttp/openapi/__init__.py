@@ -384,6 +384,22 @@ def _components(catalog: Catalog) -> Schema:
                         "when LiteLLM did not answer 200 with JSON in time.",
                         "properties": {"litellm_version": {"type": "string"}, "status": {"type": "string"}},
                     },
+                    "overload": {
+                        "type": "object",
+                        "description": "Only while OVERLOAD_PROTECTION reports this worker overloaded (ours).",
+                        "properties": {
+                            # overload.SHED_REASONS (tests/unit/test_overload.py keeps them equal).
+                            "reason": {
+                                "type": "string",
+                                "enum": ["event_loop_lag", "accept_queue", "open_streams", "admissions"],
+                            },
+                            "event_loop_lag_ms": {"type": "number"},
+                            "peak_event_loop_lag_ms": {"type": "number"},
+                            "accept_queue": {"type": "integer"},
+                            "open_streams": {"type": "integer"},
+                            "admissions": {"type": "integer"},
+                        },
+                    },
                 },
                 "required": ["status", "mlpa_version", "pg_server_dbs", "litellm"],
             },
@@ -409,7 +425,8 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
                 "tags": ["health"],
                 "summary": "Readiness probe",
                 "description": "Pings the databases and LiteLLM concurrently, each bounded by "
-                "`READINESS_CHECK_TIMEOUT_S`; 503 also once graceful shutdown has begun.",
+                "`READINESS_CHECK_TIMEOUT_S`; 503 also once graceful shutdown has begun, and while "
+                "overload protection (OVERLOAD_PROTECTION) reports the worker overloaded.",
                 "responses": {
                     "200": _json(_ref("Readiness"), "Ready (`status: connected`)"),
                     "503": _json(_ref("Readiness"), "Not ready (`status: degraded`)"),

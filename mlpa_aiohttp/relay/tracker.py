@@ -96,6 +96,10 @@ class StreamTracker:
         if not self._streams:
             self._idle.set()
 
+    def open_count(self) -> int:
+        """How many streams are open now (the overload bound reads it)."""
+        return len(self._streams)
+
     async def wait_idle(self, timeout: float) -> bool:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)

@@ -11,6 +11,7 @@ import structlog
 from aiohttp import web
 
 from .. import __version__, keys
+from ..overload import readiness_body
 from ..store.base import MEMORY_STORE_STATE
 
 log = structlog.get_logger(__name__)
@@ -37,7 +38,9 @@ async def readiness(request: web.Request) -> web.Response:
         litellm_body.update(litellm)
     else:
         litellm_body["status"] = "unreachable"
-    ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down
+    monitor = app.get(keys.OVERLOAD)
+    overload = monitor.state() if monitor is not None else None
+    ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down and overload is None
     if app[keys.STORE].backend == "memory":
         # No database behind the in-memory store (the demo): say so rather than "connected".
         db_states = {name: MEMORY_STORE_STATE for name in databases}
@@ -49,6 +52,9 @@ async def readiness(request: web.Request) -> web.Response:
         "pg_server_dbs": db_states,
         "litellm": litellm_body,
     }
+    if overload is not None:
+        # Beyond the reference: only while overload protection says this worker is overloaded.
+        body["overload"] = readiness_body(overload)
     return web.json_response(body, status=200 if ready else 503)
 
 

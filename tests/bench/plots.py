@@ -4,8 +4,9 @@
 
 One picture per phase that has figures: CPU against open streams per target, µs of CPU per
 relayed event against the event rate, RSS per open stream against the number of streams,
-and time to first byte of each stream of an admission burst against the moment it was
-offered. Small files (about 100 dpi), meant to be committed next to docs/performance.md.
+time to first byte of each stream of an admission burst against the moment it was
+offered, and the overload run (tests/bench/overload.py): each new stream's wait by outcome
+and the open streams' event delays, per mode. Small files (about 100 dpi), meant to be committed next to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -115,6 +116,51 @@ def write_plots(results: dict[str, Any], directory: Path) -> list[Path]:
         axes.grid(alpha=0.3, which="both")
         axes.legend(fontsize=7, markerscale=4)
         save(figure, "bench-admission.png")
+
+    overload = results.get("overload")
+    if overload and overload.get("runs"):
+        run = overload["runs"][0]
+        modes = list(run)
+        figure, grid = plt.subplots(2, len(modes), figsize=(3.6 * len(modes), 6.4), squeeze=False)
+        outcome_colours = {"served": "tab:blue", "shed": "tab:green", "failed": "tab:red"}
+        for column, mode in enumerate(modes):
+            result = run[mode]
+            axes = grid[0][column]
+            for outcome, colour in outcome_colours.items():
+                points = [(offset, wait) for offset, kind, wait in result["offer"]["samples"] if kind == outcome]
+                if points:
+                    axes.scatter(*zip(*points), s=2, color=colour, alpha=0.4, label=outcome)
+            axes.axhline(2.0, color="black", linewidth=0.8, linestyle="--")
+            axes.set_yscale("log")
+            axes.set_ylim(0.05, 20)
+            offer = result["offer"]
+            axes.set(xlabel="offered at, s", ylabel="wait for first byte or 503, s" if column == 0 else "",
+                     title=f"{mode}: {offer['served']} served, {offer['shed_fast']} shed fast,\n"
+                           f"{offer['failed_slowly']} failed slowly")
+            axes.title.set_fontsize(9)
+            axes.grid(alpha=0.3, which="both")
+            axes.legend(fontsize=7, markerscale=4, loc="lower right")
+            axes = grid[1][column]
+            for window, style in (("quiet", ":"), ("during", "-")):
+                histogram = result[window]["histogram"]
+                buckets = sorted((int(key), count) for key, count in histogram.items())
+                total = sum(count for _, count in buckets) or 1
+                running, xs, ys = 0, [], []
+                for bucket, count in buckets:
+                    running += count
+                    xs.append(bucket)
+                    ys.append(running / total)
+                axes.step(xs, ys, where="post", linestyle=style,
+                          label=f"{window}: p99 {1000 * (result[window]['p99'] or 0):.0f} ms")
+            axes.axvline(100, color="black", linewidth=0.8, linestyle="--")
+            axes.set(xlabel="open streams' event delay over the interval, ms",
+                     ylabel="share of events" if column == 0 else "")
+            axes.set_xlim(-10, 1000)
+            axes.grid(alpha=0.3)
+            axes.legend(fontsize=7, loc="lower right")
+        figure.suptitle(f"Overload: new streams offered at {run[modes[0]]['rate']:.0f}/s next to 1,000 open streams",
+                        fontsize=10)
+        save(figure, "bench-overload.png")
     return written
 
 

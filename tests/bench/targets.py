@@ -173,10 +173,13 @@ http {{
 
 
 def start_target(
-    procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None
+    procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None,
+    service_env: dict[str, str] | None = None, label: str | None = None,
 ) -> Target:
     """`name@REF` runs the service target `name` from the source tree exported for REF
-    (--baseline-ref), so one run measures before and after a change side by side."""
+    (--baseline-ref), so one run measures before and after a change side by side.
+    `service_env` adds variables to a service target's environment (tests/bench/overload.py
+    runs the same target with and without a setting); `label` names the target then."""
     port = free_port()
     full_name = name
     name, _, ref = name.partition("@")
@@ -187,6 +190,7 @@ def start_target(
         env = _service_env(port, upstream_port, fxa_port, root)
         if name.endswith("fast"):  # the others run the tree's default configuration
             env["RELAY_FAST_PATH"] = "true"
+        env.update(service_env or {})
         # Named explicitly so that a GUNICORN_WORKER_CLASS in the caller's environment
         # cannot change what a target name means.
         env["GUNICORN_WORKER_CLASS"] = "asyncio" if name.endswith("asyncio") else "uvloop"
@@ -233,7 +237,7 @@ def start_target(
     else:
         raise ValueError(f"unknown target {name!r}; choose from {', '.join(ALL_TARGETS + OPTIONAL_TARGETS)}")
     wait_for_port(port, timeout=60, process=child.process)
-    target = Target(full_name, port, token, child)
+    target = Target(label or full_name, port, token, child)
     warm_up(target)
     return target
 

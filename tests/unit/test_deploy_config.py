@@ -517,3 +517,81 @@ def test_a_catalogue_change_rolls_the_pods() -> None:
         f"set {CATALOG_ANNOTATION} in config/kubernetes/deployment.yaml to {expected} "
         "(python -m mlpa_aiohttp catalog checksum FILE prints it)"
     )
+
+
+# --- scaling on overload (config/kubernetes/overload/, docs/scaling.md) ---------------------
+
+OVERLOAD_DIR = MANIFEST_DIR / "overload"
+
+
+def overload_file(name: str) -> dict[str, Any]:
+    return yaml.safe_load((OVERLOAD_DIR / name).read_text())
+
+
+def exposed_metric_names() -> set[str]:
+    """Every series name the service's /metrics can carry (counters with `_total`)."""
+    from prometheus_client import CollectorRegistry
+
+    from mlpa_aiohttp.observability.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    names = set()
+    for family in registry.collect():
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+        if family.type == "counter":
+            names.add(family.name + "_total")
+    return names
+
+
+def test_overload_hpa_replaces_the_shipped_one_and_targets_the_deployment() -> None:
+    hpa = overload_file("horizontalpodautoscaler.yaml")
+    shipped = the("HorizontalPodAutoscaler")
+    assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2", "HorizontalPodAutoscaler")
+    assert hpa["metadata"]["name"] == shipped["metadata"]["name"]
+    assert hpa["spec"]["scaleTargetRef"] == shipped["spec"]["scaleTargetRef"]
+    assert hpa["spec"]["minReplicas"] >= 2
+    assert hpa["spec"]["behavior"]["scaleDown"] == shipped["spec"]["behavior"]["scaleDown"]
+    kinds = [metric["type"] for metric in hpa["spec"]["metrics"]]
+    assert kinds.count("Resource") == 1 and kinds.count("Pods") == 2
+
+
+def test_every_pods_metric_of_the_hpa_is_served_by_an_adapter_rule_on_an_exposed_series() -> None:
+    hpa = overload_file("horizontalpodautoscaler.yaml")
+    rules = overload_file("prometheus-adapter-rules.yaml")["rules"]
+    served = {rule["name"]["as"]: rule for rule in rules}
+    exposed = exposed_metric_names()
+    for metric in hpa["spec"]["metrics"]:
+        if metric["type"] != "Pods":
+            continue
+        name = metric["pods"]["metric"]["name"]
+        assert name in served, f"no adapter rule serves {name}"
+        target = metric["pods"]["target"]
+        assert target["type"] == "AverageValue" and float(target["averageValue"]) > 0
+        rule = served[name]
+        series = rule["seriesQuery"].split("{", 1)[0]
+        assert series in exposed, f"{series} is not a series of /metrics"
+        assert re.fullmatch(rule["name"]["matches"], series)
+        # The HPA asks per pod: the rule must map the pod and namespace labels.
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+        assert "<<.Series>>{<<.LabelMatchers>>" in rule["metricsQuery"] and "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_overload_patch_probe_fits_the_hysteresis() -> None:
+    patch = overload_file("deployment-patch.yaml")
+    assert patch["metadata"]["name"] == the("Deployment")["metadata"]["name"]
+    [container] = patch["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == main_container()["name"]
+    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    assert set(env) <= KNOWN_VARIABLES
+    settings = Settings.from_environ({**container_env(main_container()), **env, **TEST_SECRETS})
+    assert settings.overload.enabled
+    probe = container["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/health/readiness"
+    assert probe["httpGet"]["port"] == main_container()["ports"][0]["name"]
+    # Every overload episode keeps readiness 503 for at least the recover time: the probes
+    # that take the pod out must all fit in it.
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= settings.overload.recover_seconds
+    assert probe["timeoutSeconds"] > settings.postgres.readiness_check_timeout_s
+    assert probe["successThreshold"] >= 2
