@@ -585,7 +585,7 @@ def test_overload_patch_probe_fits_the_hysteresis() -> None:
     assert container["name"] == main_container()["name"]
     env = {entry["name"]: entry["value"] for entry in container["env"]}
     assert set(env) <= KNOWN_VARIABLES
-    settings = Settings.from_environ({**container_env(main_container()), **env, **TEST_SECRETS})
+    settings = Settings.from_environ({**manifest_env(), **env, **TEST_SECRETS})
     assert settings.overload.enabled
     probe = container["readinessProbe"]
     assert probe["httpGet"]["path"] == "/health/readiness"
