@@ -23,7 +23,7 @@ Startup order (cleanup contexts run in this order, and unwind in reverse):
 1. the shared upstream ClientSession and the LiteLLM client;
 2. the stores (memory, or the two Postgres pools): budgets upserted, capacity seeded;
 3. authentication: FxA, App Attest, Play Integrity (Google credentials are loaded lazily).
-Shutdown: `on_shutdown` drains open streams (decision 6) before the contexts unwind.
+Shutdown: `on_shutdown` drains open streams (compatibility.md D6) before the contexts unwind.
 """
 
 from __future__ import annotations

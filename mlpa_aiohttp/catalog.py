@@ -1,7 +1,7 @@
 """The product catalogue: service types, their purposes, budget tiers, the known models and
 model pinning.
 
-These are facts of the wire contract (spec §2.2). The built-in catalogue (`BUILTIN_CATALOG`)
+These are facts of the wire contract (compatibility.md §2.2). The built-in catalogue (`BUILTIN_CATALOG`)
 is the reference's; a deployment may replace it with a TOML file (`MLPA_CATALOG_FILE`,
 docs/catalog.md) read and checked by `catalog_file.py`, and the budget variables of
 `settings.py` apply on top of either. Nothing reads a module-level catalogue at run time:
@@ -80,7 +80,7 @@ class ServiceTypeEntry:
     name: str
     purposes: tuple[str, ...]
     budget: BudgetTier
-    # Needs `x-dev-authorization` on every auth path (decision 11).
+    # Needs `x-dev-authorization` on every auth path (compatibility.md D11).
     dev: bool = False
     # Counts against the signup cap (MLPA_CAPPED_SERVICE_TYPES replaces the set).
     capped: bool = False
@@ -89,7 +89,7 @@ class ServiceTypeEntry:
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
     """A model the deployment serves; `pinned_to` non-empty: only with those service
-    types, and those types only with the models pinned to them (spec §2.2)."""
+    types, and those types only with the models pinned to them (compatibility.md §2.2)."""
 
     name: str
     pinned_to: tuple[str, ...] = ()
@@ -208,7 +208,7 @@ BUILTIN_CATALOG = Catalog(
         _type("search-dev", (), 1.0, 200, 10000),
     ),
     search_types=_SEARCH_TYPES,
-    # The models the deployment serves (spec §6): a metric's `model` label keeps only
+    # The models the deployment serves (compatibility.md §6): a metric's `model` label keeps only
     # these, any other client-chosen name counts as "invalid". Requests naming another
     # model are not refused for it here (LiteLLM decides what it serves).
     models=(

@@ -203,7 +203,7 @@ class _Reader:
             self.problem(
                 where,
                 f"{name!r} ends with -dev but dev is not true: set dev = true (dev types need x-dev-authorization, "
-                "decision 11) or choose another name",
+                "compatibility.md D11) or choose another name",
             )
         budget_table = table.get("budget")
         budget = None

@@ -2,7 +2,7 @@
 exceptions; one middleware (`middlewares.error_mapping`) turns them into responses.
 
 An error also says what it means to the chat metrics: `availability_reason` (the
-availability sample, spec §6) and `rejection_reason` (the rejection counter, only for the
+availability sample, compatibility.md §6) and `rejection_reason` (the rejection counter, only for the
 refusals the reference counts there). None means the error is not counted. The chat route
 records its refusals before the relay in one place (`routes.proxy.refusals_recorded`); once
 the relay runs, `relay.outcome.CompletionOutcome` records instead, a classified upstream
@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from aiohttp import hdrs
 
-# Error codes of the wire contract (spec §4.5).
+# Error codes of the wire contract (compatibility.md §4.5).
 CODE_BUDGET_EXCEEDED = 1
 CODE_RATE_LIMITED = 2
 CODE_PAYLOAD_TOO_LARGE = 3
@@ -51,7 +51,7 @@ GENERIC_UPSTREAM_MESSAGE = "Upstream service returned an error"
 
 @dataclass(frozen=True, slots=True)
 class Classification:
-    """What a classified upstream error means to clients and to the metrics (spec §4.5)."""
+    """What a classified upstream error means to clients and to the metrics (compatibility.md §4.5)."""
 
     status: int
     code: int
@@ -61,7 +61,7 @@ class Classification:
     log_prefix: str
 
 
-# What the auth step's 400s (purpose, malformed credentials) mean to availability (spec §2.1).
+# What the auth step's 400s (purpose, malformed credentials) mean to availability (compatibility.md §2.1).
 INVALID_AUTH_REQUEST = "invalid_auth_request"
 
 

@@ -10,7 +10,7 @@
    and 404s included.
 2. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
    JSON bodies; unhandled exceptions become a 500 JSON body, logged once with traceback.
-   It also applies the Content-Length limit (decision 7) before any handler reads.
+   It also applies the Content-Length limit (compatibility.md D7) before any handler reads.
 
 Security headers are added in `on_response_prepare`, so streamed responses get them too.
 """
@@ -42,7 +42,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def route_label(request: web.Request) -> str:
-    """The matched route template; unmatched paths share one label (decision 9)."""
+    """The matched route template; unmatched paths share one label (compatibility.md D9)."""
     route = request.match_info.route
     resource = route.resource if route is not None else None
     return resource.canonical if resource is not None else "unmatched"
@@ -109,7 +109,7 @@ def _json_error(status: int, body: object, headers: dict[str, str] | None = None
 
 
 def _too_large(request: web.Request) -> PayloadTooLarge:
-    # Decision 7: the chat route keeps the reference's bare body.
+    # compatibility.md D7: the chat route keeps the reference's bare body.
     return PayloadTooLarge(bare=request.path == CHAT_PATH)
 
 
@@ -160,7 +160,7 @@ def _record_oversized(request: web.Request) -> None:
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """`on_response_prepare`: runs for JSON, error and streamed responses alike (§5.1)."""
+    """`on_response_prepare`: runs for JSON, error and streamed responses alike (compatibility.md §5.1)."""
     # `config_dict`, not `app`: for a sub-application's route (the admin API) `request.app`
     # is the sub-application by the time the response is prepared.
     server = request.config_dict[keys.SETTINGS].server

@@ -4,7 +4,7 @@ They are pydantic models because the reference's 422 bodies are pydantic's error
 (FastAPI's defaults); `validation.py` turns those errors into the wire shape. Bodies are
 strict (a JSON string is not a boolean or a number), header and query values are text and
 parsed as pydantic parses them (`true/1/yes/on...`, `"12"`). Unknown fields are dropped:
-for chat that is the parameter allowlist of spec §4.1.
+for chat that is the parameter allowlist of compatibility.md §4.1.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _TEXT_VALUES = ConfigDict(extra="ignore", frozen=True)
 
 
 class ProxyHeaders(BaseModel):
-    """The headers the proxy routes understand (spec §1.1); service-type is required.
+    """The headers the proxy routes understand (compatibility.md §1.1); service-type is required.
     Declaration order is the order of the 422 items. `service_type` is an enum of the
     loaded catalogue's names in the models `RequestRules` builds (a 422 `enum` item lists
     them); this base only declares its place."""
@@ -154,7 +154,7 @@ class RequestRules:
             )
 
     def resolve_purpose(self, raw: str, service_type: str, *, required: bool) -> str:
-        """The trimmed purpose, validated against the service type's list (spec §2.2)."""
+        """The trimmed purpose, validated against the service type's list (compatibility.md §2.2)."""
         purpose = raw.strip()
         allowed = self.catalog.purposes(service_type)
         if purpose:
@@ -178,7 +178,7 @@ class RequestRules:
 
 
 class ChatBody(BaseModel):
-    """The chat body (spec §4.1). Null is accepted for every field but `model`; fields
+    """The chat body (compatibility.md §4.1). Null is accepted for every field but `model`; fields
     that carry message content stay out of the repr (and so out of logs and reports)."""
 
     model_config = _JSON_BODY
@@ -208,7 +208,7 @@ class ChatBody(BaseModel):
     text: bool | None = None
 
 
-# The chat parameter allowlist (spec §4.1), in declaration order.
+# The chat parameter allowlist (compatibility.md §4.1), in declaration order.
 CHAT_FIELDS: tuple[str, ...] = tuple(ChatBody.model_fields)
 
 
@@ -263,7 +263,7 @@ class SearchRequest(BaseModel):
 
 
 class PlayRequest(BaseModel):
-    """`POST /verify/play` (spec §1.5). An absent `package_name` is the configured default
+    """`POST /verify/play` (compatibility.md §1.5). An absent `package_name` is the configured default
     (see `package_name_or`); a null one is refused, as any non-string."""
 
     model_config = _JSON_BODY

@@ -159,7 +159,7 @@ class Variable:
     normalize: Callable[[Any], Any] | None = None
     # A reader of its own, `read(env, default)`, for values made of several variables.
     read: Callable[[_Env, Any], Any] | None = None
-    # Decision 13: outside MLPA_DEBUG and the demo, the default of this secret is refused.
+    # compatibility.md D13: outside MLPA_DEBUG and the demo, the default of this secret is refused.
     refused_default: bool = False
 
 
@@ -319,7 +319,7 @@ class UpstreamSettings:
     master_key: str = secret("MASTER_KEY", "sk-default", refused_default=True)
     virtual_key: str = secret("MLPA_VIRTUAL_KEY", "sk-virtual", refused_default=True)
     streaming_timeout_seconds: float = variable("STREAMING_TIMEOUT_SECONDS", 300.0, minimum=0.001)
-    # Decision 4: the non-streaming read timeout defaults to the streaming one.
+    # compatibility.md D4: the non-streaming read timeout defaults to the streaming one.
     read_timeout_seconds: float = variable(
         "UPSTREAM_READ_TIMEOUT_SECONDS", 300.0, minimum=0.001, follows="streaming_timeout_seconds"
     )
@@ -630,7 +630,7 @@ def _secret_values(section: Any) -> Iterator[str]:
             yield from _secret_values(value)
 
 
-# Secrets whose documented defaults must never reach production (decision 13).
+# Secrets whose documented defaults must never reach production (compatibility.md D13).
 DEFAULT_SECRETS: Mapping[str, str] = MappingProxyType(
     {var.name: spec.default for spec, var in _variables(Settings) if var.refused_default and var.name}
 )

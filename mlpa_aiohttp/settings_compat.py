@@ -56,7 +56,7 @@ NOT_READ: Mapping[str, str] = MappingProxyType(
         "HTTPX_WRITE_TIMEOUT_SECONDS": "request bodies are small; connect and read timeouts bound the call",
         "HTTPX_POOL_TIMEOUT_SECONDS": "the upstream pool is sized for every open stream (UPSTREAM_MAX_CONNECTIONS)",
         "HTTPX_MAX_KEEPALIVE_CONNECTIONS": "idle connections are kept for UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS",
-        "DISCONNECT_POLL_INTERVAL_SECONDS": "client disconnects are event-driven; nothing polls (decision 1)",
+        "DISCONNECT_POLL_INTERVAL_SECONDS": "client disconnects are event-driven; nothing polls (compatibility.md D1)",
         "HTTPX_LOGGING": "no per-call debug tracing of the HTTP client",
         "ASYNCPG_LOGGING": "no per-query debug tracing (queries carry user ids)",
         "LOG_FILE": "logs go to stdout only (LOG_JSON=true for JSON lines)",

@@ -16,7 +16,7 @@ choke on it (a parser's recursion, a `str.encode`, PostgreSQL):
 * Identifiers that are issued, looked up or stored (user ids, base identities):
   `is_identifier` / `is_base_identity`. No control characters and no lone surrogates
   (PostgreSQL cannot store NUL, UTF-8 cannot carry a surrogate); a base identity also has
-  no `:` (decision 15), which would break the `uid:service_type` namespace.
+  no `:` (compatibility.md D15), which would break the `uid:service_type` namespace.
 
 No `aiohttp.web` here: the callers raise the domain errors (`errors.py`).
 """
@@ -112,5 +112,5 @@ def is_identifier(value: str) -> bool:
 
 
 def is_base_identity(value: str) -> bool:
-    """The part of a user id before `:service_type` (decision 15: no `:` inside)."""
+    """The part of a user id before `:service_type` (compatibility.md D15: no `:` inside)."""
     return ":" not in value and is_identifier(value)

@@ -1,4 +1,4 @@
-"""Our own short-lived access token, issued after a Play Integrity check (spec §2.6).
+"""Our own short-lived access token, issued after a Play Integrity check (compatibility.md §2.6).
 
 Compact JWS, HS256 only, claims iss "mlpa", sub (the client's user id), iat, exp and
 typ "mlpa_access". Unlike the reference we also check `typ`, so no other HS256 token

@@ -1,5 +1,5 @@
 """iOS App Attest: challenges, attestation (key registration) and per-request assertions
-(spec §1.4, §2.5; decisions 11, 14).
+(compatibility.md §1.4, §2.5; D11, D14).
 
 This module does the I/O and maps outcomes to the reference's statuses; the cryptography
 is pure, in `app_attest_crypto`.
@@ -184,7 +184,7 @@ class AppAttest:
         try:
             await self._keys.store_key(key_id_b64, attested.public_key_pem, attested.counter)
         except StoreUnavailable:
-            # Decision 14: a key we could not store must not be reported as registered.
+            # compatibility.md D14: a key we could not store must not be reported as registered.
             log.error("app_attest_key_store_failed")
             raise ServerFault("Attested key could not be stored") from None
 
@@ -221,7 +221,7 @@ class AppAttest:
                 )
             except AssertionInvalid as exc:
                 new_counter = self._tolerate_app_id_mismatch(exc, assertion_object, stored_counter)
-            # Decision 14: one conditional UPDATE decides between concurrent replays.
+            # compatibility.md D14: one conditional UPDATE decides between concurrent replays.
             if not await self._keys.advance_counter(key_id_b64, new_counter):
                 raise AssertionInvalid("counter_not_increasing")
             result = "success"

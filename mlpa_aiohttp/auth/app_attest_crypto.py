@@ -1,6 +1,6 @@
 """Apple App Attest verification: attestation (once per key) and assertion (per request).
 
-Follows Apple's "Validating apps that connect to your server" (summarised in spec §2.5).
+Follows Apple's "Validating apps that connect to your server" (summarised in compatibility.md §2.5).
 Everything here is pure: bytes, keys, certificates and a clock value in, a verdict out.
 Each defect raises `AttestationInvalid` / `AssertionInvalid` carrying a short machine
 reason suitable for a metric label or a log field (never a secret); no other exception

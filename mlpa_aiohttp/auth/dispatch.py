@@ -1,4 +1,4 @@
-"""Authentication dispatch for the proxy routes (spec §2.1, decision 11).
+"""Authentication dispatch for the proxy routes (compatibility.md §2.1, D11).
 
 Order: App Attest assertion → MLPA access token (Play Integrity) → dev key + FxA → FxA.
 Device methods plug in through the `DeviceAuthenticator` protocol so this module stays
@@ -54,7 +54,7 @@ class Authenticator:
         dev_types: frozenset[str] = BUILTIN_CATALOG.dev_types,
     ) -> None:
         self._fxa = fxa
-        # The catalogue's dev types: the experimentation token on every path (decision 11).
+        # The catalogue's dev types: the experimentation token on every path (compatibility.md D11).
         self._dev_types = dev_types
         self._metrics = metrics
         self._dev_token = dev_token.encode()
@@ -95,7 +95,7 @@ class Authenticator:
         return Principal(uid, str(headers.service_type), purpose, method)
 
     def _check_dev_key(self, headers: ProxyHeaders) -> None:
-        """Dev tiers need the experimentation token on every path (decision 11)."""
+        """Dev tiers need the experimentation token on every path (compatibility.md D11)."""
         if headers.service_type not in self._dev_types:
             return
         if headers.dev_authorization is None:

@@ -1,4 +1,4 @@
-"""The unsigned JWT envelope that carries App Attest credentials (spec §2.5).
+"""The unsigned JWT envelope that carries App Attest credentials (compatibility.md §2.5).
 
 iOS clients wrap their attestation / assertion in a JWT purely as a container: its
 signature proves nothing (the key lives on the device and we have no copy), so the
@@ -78,7 +78,7 @@ def decode_envelope(authorization: str, required_claims: Iterable[str]) -> dict[
 
 
 def is_plausible_key_id(key_id_b64: str) -> bool:
-    """Cheap shape check run before any database access (spec §1.4): standard base64 only."""
+    """Cheap shape check run before any database access (compatibility.md §1.4): standard base64 only."""
     return 0 < len(key_id_b64) <= MAX_KEY_ID_LENGTH and _KEY_ID_ALPHABET.fullmatch(key_id_b64) is not None
 
 

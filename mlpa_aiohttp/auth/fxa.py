@@ -1,4 +1,4 @@
-"""Firefox Accounts OAuth token verification, aiohttp-native (decision 18).
+"""Firefox Accounts OAuth token verification, aiohttp-native (compatibility.md D18).
 
 JWT access tokens are verified locally against the FxA JWKS (cached; refetched once when a
 token names an unknown `kid`); other tokens go to FxA's `POST /verify`. Successful results
@@ -140,7 +140,7 @@ class FxAVerifier:
 
     async def verify_jwt(self, token: str) -> FxAIdentity:
         """Local JWT verification only, against the cached JWKS (no result cache, no
-        remote call): the load-test route's check (spec §1.7, decision 16)."""
+        remote call): the load-test route's check (compatibility.md §1.7, D16)."""
         _require_credential_text(token)
         if not _looks_like_jwt(token):
             raise FxAVerificationFailed("not a JWT access token")

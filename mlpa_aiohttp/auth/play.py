@@ -1,5 +1,5 @@
 """Google Play Integrity → the service's own access token, and that token's use on the
-proxy routes (spec §1.5, §2.6; decisions 11, 15)."""
+proxy routes (compatibility.md §1.5, §2.6; D11, D15)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ INVALID_ACCESS_TOKEN = "Invalid MLPA access token"
 
 
 def _parse_play_request(raw: bytes, default_package: str) -> tuple[str, str, str]:
-    """The body as JSON whatever its content type (spec §5.1), in the 422 shape on error."""
+    """The body as JSON whatever its content type (compatibility.md §5.1), in the 422 shape on error."""
     problems: list[Problem] = []
     body = validate_json_body(PlayRequest, raw, problems)
     if body is None:
@@ -64,7 +64,7 @@ class PlayIntegrity:
         if not is_plausible_integrity_token(integrity_token):
             raise BadRequest("Invalid integrity_token")
         if not is_base_identity(user_id):
-            # Decision 15 (a ':' would break the `uid:service_type` namespace), and no
+            # compatibility.md D15 (a ':' would break the `uid:service_type` namespace), and no
             # control characters: the id ends up in PostgreSQL, which refuses a NUL.
             raise BadRequest("Invalid user_id")
         started = time.monotonic()

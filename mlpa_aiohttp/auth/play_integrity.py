@@ -1,4 +1,4 @@
-"""Google Play Integrity: the pure checks on a decoded verdict (spec §2.6, decision 15).
+"""Google Play Integrity: the pure checks on a decoded verdict (compatibility.md §2.6, D15).
 
 Fetching the verdict from Google lives in `mlpa_aiohttp.upstream.google`; this module only
 judges the JSON Google returned. Messages are the reference's wire strings (the route
@@ -37,7 +37,7 @@ class VerdictRejected(ValueError):
 
 
 def is_plausible_integrity_token(token: str) -> bool:
-    """Shape check before Google is called (spec §2.6 step 1)."""
+    """Shape check before Google is called (compatibility.md §2.6 step 1)."""
     return 0 < len(token) <= MAX_INTEGRITY_TOKEN_LENGTH and _TOKEN_ALPHABET.fullmatch(token) is not None
 
 
@@ -82,7 +82,7 @@ def check_verdict(
     ):
         raise VerdictRejected(MSG_DEVICE_INTEGRITY, "device_integrity")
 
-    # Decision 15: without a freshness bound, one captured token would mint access tokens
+    # compatibility.md D15: without a freshness bound, one captured token would mint access tokens
     # forever. Google encodes this int64 as a JSON string (proto3 mapping); accept both.
     timestamp_ms = _millis(request_details.get("timestampMillis"))
     if timestamp_ms is None:

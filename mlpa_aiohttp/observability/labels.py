@@ -1,4 +1,4 @@
-"""Bounded label values: every client-supplied metric label is clamped (spec §6).
+"""Bounded label values: every client-supplied metric label is clamped (compatibility.md §6).
 
 The service-type, purpose and model labels keep the loaded catalogue's names only
 (`LabelBounds`, one per app's `Metrics`), so a label set is as bounded as the catalogue."""

@@ -2,7 +2,7 @@
 
 Standard-library loggers (aiohttp, asyncio, gunicorn, asyncpg) go through the same
 formatter, so every line has one shape. A redaction processor drops message content and
-secrets wherever they appear in an event (decision 17).
+secrets wherever they appear in an event (compatibility.md D17).
 """
 
 from __future__ import annotations

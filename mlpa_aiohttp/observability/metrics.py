@@ -1,7 +1,7 @@
-"""Prometheus metrics of spec §6, on a registry owned by the app (no global registry).
+"""Prometheus metrics of compatibility.md §6, on a registry owned by the app (no global registry).
 
 Under gunicorn with several workers, `PROMETHEUS_MULTIPROC_DIR` makes prometheus-client
-write values to per-process files, and `/metrics` aggregates them (decision 19).
+write values to per-process files, and `/metrics` aggregates them (compatibility.md D19).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ TOKEN_BUCKETS = (0, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000)
 ATTEMPT_BUCKETS = (0, 1, 2, 3, 5)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
-# Availability outcome is a pure function of the reason (spec §6).
+# Availability outcome is a pure function of the reason (compatibility.md §6).
 AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "auth_rejected": "excluded",
     "invalid_auth_request": "excluded",
@@ -79,7 +79,7 @@ class Metrics:
         self.open_streams = Gauge(
             "mlpa_open_streams", "Streaming completions being relayed", registry=r, multiprocess_mode="livesum"
         )
-        # Signup capacity (spec §3.2), read from the store at scrape time; every worker
+        # Signup capacity (compatibility.md §3.2), read from the store at scrape time; every worker
         # reads the same row, so the most recent value is the value.
         self.signup_capacity_max = Gauge(
             "mlpa_signup_capacity_max_identities",

@@ -6,7 +6,7 @@ entry point. With an empty DSN it does nothing. Otherwise every error event pass
 
 * drops events that are not server faults: 4xx HTTP errors and client disconnects;
 * replaces the value of every field named in `redaction.SENSITIVE_FIELDS` (user content,
-  credential headers and fields) with "[Filtered]" (decision 17), wherever such a key
+  credential headers and fields) with "[Filtered]" (compatibility.md D17), wherever such a key
   appears in the event (request data, headers, frame locals, extra, breadcrumbs), and a raw
   body (`redaction.RAW_BODY_FIELDS`) whole unless it is already a structure;
 * replaces every occurrence of a configured secret value (MASTER_KEY, ...) in any string

@@ -1,4 +1,4 @@
-"""Upstream (LiteLLM) error text made fit for a log line (decision 17).
+"""Upstream (LiteLLM) error text made fit for a log line (compatibility.md D17).
 
 LiteLLM's error messages can echo the request: a provider's validation error quotes the
 offending `messages[0].content`, a pydantic error carries `'input': {...}`. The log keeps

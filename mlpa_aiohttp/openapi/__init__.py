@@ -2,7 +2,7 @@
 (the loaded one's service types and purposes; chat fields, error codes), so the docs
 cannot drift from them.
 
-It documents the bodies clients really receive (spec §1.1, §11.11): `{"detail": ...}` for
+It documents the bodies clients really receive (compatibility.md §1.1, §11.11): `{"detail": ...}` for
 most errors, the 422 list shape, the bare `{"error": 3}` 413 of the chat route, and the SSE
 frames a stream may end with. `build_document(mock_routes=..., catalog=...)` includes `/mock/*` only
 when they are mounted.
@@ -41,7 +41,7 @@ Schema = dict[str, Any]
 
 
 def chat_doc_service_types(catalog: Catalog) -> tuple[str, ...]:
-    """The docs offer search types only on search and the others only on chat (spec §1.10);
+    """The docs offer search types only on search and the others only on chat (compatibility.md §1.10);
     at runtime both routes accept every type of the catalogue."""
     return tuple(name for name in catalog.names if name not in catalog.search_types)
 

@@ -1,4 +1,4 @@
-"""Open streams: shutdown drains them and ends the rest cleanly (decision 6), and one
+"""Open streams: shutdown drains them and ends the rest cleanly (compatibility.md D6), and one
 app-wide watch ends streams whose upstream has gone silent for too long.
 
 Why a watch instead of aiohttp's `sock_read` timeout: `sock_read` re-arms a timer on every

@@ -26,7 +26,7 @@ def setup_routes(app: web.Application) -> None:
     setup_verify_routes(app)
     # `/user/*` admin API and the `/admin` page: sub-apps, each route with a declared access level.
     setup_admin_routes(app)
-    # Load-testing routes, only when MLPA_MOCK_ROUTES=true (decision 16).
+    # Load-testing routes, only when MLPA_MOCK_ROUTES=true (compatibility.md D16).
     setup_mock_routes(app)
     # OpenAPI document and Swagger UI.
     setup_docs_routes(app)

@@ -1,4 +1,4 @@
-"""The admin API under `/user` and the read-only dashboard at `/admin` (spec §1.6, §1.10).
+"""The admin API under `/user` and the read-only dashboard at `/admin` (compatibility.md §1.6, §1.10).
 
 Each is a sub-application whose routes are declared in a table with an `Access` level and
 no default; the sub-application's middleware checks that level before any handler runs,
@@ -12,7 +12,7 @@ Auth is by header, constant-time, full string including the `Bearer ` prefix:
 * `mlpa_ui_access_key` (or `mlpa-ui-access-key`): counts and signup-cap status.
 
 The keys are not interchangeable. A missing or wrong header is 401
-`{"detail": {"error": "Unauthorized"}}` (decisions 10 and 12). Database failures become
+`{"detail": {"error": "Unauthorized"}}` (compatibility.md D10 and D12). Database failures become
 the reference's 500 bodies; nothing internal reaches a response body.
 """
 
@@ -155,7 +155,7 @@ async def signup_cap_status(request: web.Request) -> web.Response:
 
 
 async def user_info(request: web.Request) -> web.Response:
-    """LiteLLM's `/customer/info` for one end user, verbatim (master key, decision 10)."""
+    """LiteLLM's `/customer/info` for one end user, verbatim (master key, compatibility.md D10)."""
     user_id = request.match_info["user_id"]
     if not user_id.strip() or not is_identifier(user_id):
         raise NotFound("User not found")  # blank, or never issued (wire rules)

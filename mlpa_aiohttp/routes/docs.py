@@ -1,4 +1,4 @@
-"""`GET /openapi.json` and Swagger UI at `GET /api/docs` (spec §1.10).
+"""`GET /openapi.json` and Swagger UI at `GET /api/docs` (compatibility.md §1.10).
 
 The document is OpenAPI 3.1, which Swagger UI reads from 5.0 on. Its files come from the
 `flask-swagger-ui` wheel, whose version follows Swagger UI's own releases (the older

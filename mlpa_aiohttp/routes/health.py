@@ -1,4 +1,4 @@
-"""Health probes (spec §1.2)."""
+"""Health probes (compatibility.md §1.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Load-testing routes (spec §1.7, decision 16), mounted only with `MLPA_MOCK_ROUTES=true`.
+"""Load-testing routes (compatibility.md §1.7, D16), mounted only with `MLPA_MOCK_ROUTES=true`.
 
 They exercise authentication and user provisioning exactly as the chat route does, then
 answer with a canned completion after simulated latency. LiteLLM is never called and no
@@ -40,7 +40,7 @@ INVALID_TOKEN_SIGNATURE = "Invalid token signature"
 
 
 def setup_mock_routes(app: web.Application) -> None:
-    """Mount `/mock/*` when the settings ask for it (off by default: decision 16)."""
+    """Mount `/mock/*` when the settings ask for it (off by default: compatibility.md D16)."""
     if not app[keys.SETTINGS].server.mock_routes:
         return
     app.router.add_post("/mock/chat/completions", mock_chat_completions)

@@ -1,5 +1,5 @@
 """`POST /v1/chat/completions` and `POST /v1/search`: validate, authenticate, provision,
-relay (spec §1.8, §1.9). Each step short-circuits with a domain error; what a refused chat
+relay (compatibility.md §1.8, §1.9). Each step short-circuits with a domain error; what a refused chat
 request means to the metrics is the error's own (`errors.ApiError`), recorded by
 `refusals_recorded`. Once the relay runs, `CompletionOutcome` records instead."""
 
@@ -59,7 +59,7 @@ async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_b
 
 
 def _count_country(request: web.Request, service_type: str, model_label: str) -> None:
-    """Once the caller is authenticated (spec §6: chat and search alike)."""
+    """Once the caller is authenticated (compatibility.md §6: chat and search alike)."""
     request.app[keys.METRICS].requests_by_country.labels(
         service_type, model_label, clamp_country(request.headers.get(GEO_COUNTRY))
     ).inc()
@@ -92,7 +92,7 @@ def refusals_recorded(metrics: Metrics, labels: ChatLabels) -> Iterator[None]:
 
 
 async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
-    """Steps shared by the chat route and the mock chat route (spec §1.7, §1.8): validate,
+    """Steps shared by the chat route and the mock chat route (compatibility.md §1.7, §1.8): validate,
     check model and purpose, authenticate, each refusal recorded; the country metric once
     the caller is known."""
     raw_body = await read_body(request)
@@ -202,7 +202,7 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
 
 
 async def search(request: web.Request) -> web.Response:
-    """Spec §1.9: the auth step, then the service-type rule (after auth, unlike chat's model
+    """compatibility.md §1.9: the auth step, then the service-type rule (after auth, unlike chat's model
     rules), then provisioning. Search records no availability; its relay records latency
     and classified rejections."""
     app = request.app

@@ -29,7 +29,7 @@ async def attest(request: web.Request) -> web.Response:
 
 
 async def play(request: web.Request) -> web.Response:
-    # The body is JSON whatever Content-Type says (spec §5.1): we never look at it.
+    # The body is JSON whatever Content-Type says (compatibility.md §5.1): we never look at it.
     grant = await request.app[keys.PLAY_INTEGRITY].exchange(await request.read())
     return web.json_response(grant)
 

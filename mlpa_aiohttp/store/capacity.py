@@ -1,4 +1,4 @@
-"""The signup cap in SQL: the one piece of the store with lock semantics (spec §3.2).
+"""The signup cap in SQL: the one piece of the store with lock semantics (compatibility.md §3.2).
 
 State lives in the app database: the singleton row `mlpa_user_capacity(id = 1)` and one
 claim row per admitted base identity in `mlpa_user_capacity_identities`. Every change to

@@ -1,6 +1,6 @@
 """Schema migrations for the app database (`APP_ATTEST_DB_NAME`), run as a deploy step.
 
-`python -m mlpa_aiohttp migrate` (decision 20) calls `migrate_command`. The steps:
+`python -m mlpa_aiohttp migrate` (compatibility.md D20) calls `migrate_command`. The steps:
 
 1. create the database if missing (through the `postgres` maintenance database);
 2. take a session advisory lock, so concurrent runs (two pods, a retried Job) queue up;

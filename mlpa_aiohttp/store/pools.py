@@ -75,7 +75,7 @@ class TimeoutBudget:
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """The named timeout budgets of spec §8.2, derived from the settings."""
+    """The named timeout budgets of compatibility.md §8.2, derived from the settings."""
 
     default: TimeoutBudget
     admin_read: TimeoutBudget

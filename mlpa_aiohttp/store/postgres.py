@@ -1,4 +1,4 @@
-"""The production `UserStore`: LiteLLM's own tables plus the app database (spec §3, §8).
+"""The production `UserStore`: LiteLLM's own tables plus the app database (compatibility.md §3, §8).
 
 End users are read from and updated in `"LiteLLM_EndUserTable"` directly, but only ever
 *created* through LiteLLM's `/customer/new` (the injected `CustomerCreator`). The signup

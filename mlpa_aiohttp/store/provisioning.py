@@ -1,5 +1,5 @@
 """Provision the caller's LiteLLM end user: get or create it, with the signup cap, and
-refuse a blocked one (spec §3.1, §3.2).
+refuse a blocked one (compatibility.md §3.1, §3.2).
 
 Creation (claim a slot, create the user, give the slot back on failure) runs shielded
 from the request: a client that leaves mid-way must never leak a capacity slot.

@@ -1,4 +1,4 @@
-"""The JSON bodies sent to LiteLLM (spec §4.2, §4.8, decision 5)."""
+"""The JSON bodies sent to LiteLLM (compatibility.md §4.2, §4.8, D5)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefa
     body.setdefault("messages", [])
     body.setdefault("temperature", defaults.temperature)
     body.setdefault("top_p", defaults.top_p)
-    # Decision 5: honour the client's limit (either spelling), never above our maximum.
+    # compatibility.md D5: honour the client's limit (either spelling), never above our maximum.
     requested = body.get("max_completion_tokens", body.get("max_tokens", defaults.max_completion_tokens))
     limit = min(requested, defaults.max_completion_tokens)
     body["max_completion_tokens"] = limit

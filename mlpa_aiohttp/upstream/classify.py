@@ -1,4 +1,4 @@
-"""Classification of LiteLLM error responses into the client-facing codes (spec §4.5).
+"""Classification of LiteLLM error responses into the client-facing codes (compatibility.md §4.5).
 
 Pure functions of (status, body text); first rule that matches wins. One departure from the
 reference's wire, for what the real LiteLLM sends (docs/litellm-wire.md): a budget error is
@@ -90,7 +90,7 @@ INVALID_REQUEST = Classification(
     log_prefix="Invalid request",
 )
 
-# Decision 8: rate-limit wording, not any substring "rate" ("generate", "moderate").
+# compatibility.md D8: rate-limit wording, not any substring "rate" ("generate", "moderate").
 _RATE_LIMIT_WORDING = re.compile(r"rate[ _]?limit|\btpm\b|\brpm\b")
 _CONTEXT_WINDOW_WORDING = ("contextwindowexceeded", "maximum context length", "context window exceeded", "context length")
 _THROTTLING_MARKERS = ('litellm.ratelimiterror', '"status":"resource_exhausted"', '"type":"throttling_error"')
@@ -175,7 +175,7 @@ def in_band_status(payload: str) -> int:
 
 
 def error_detail(body: str) -> str:
-    """The most useful human text of an upstream error body (spec §4.6)."""
+    """The most useful human text of an upstream error body (compatibility.md §4.6)."""
     parsed = _parse_json(body)
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
         message = parsed["error"].get("message")

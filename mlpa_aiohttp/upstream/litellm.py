@@ -262,7 +262,7 @@ class LiteLLMClient:
         self, url: str, body: bytes, timeout: aiohttp.ClientTimeout, resends: list[str] | None = None
     ) -> aiohttp.ClientResponse:
         """POST once, and once more only if a *reused* pooled connection turned out to be
-        closed by the server before any response (decision 3). POST is not idempotent, so
+        closed by the server before any response (compatibility.md D3). POST is not idempotent, so
         aiohttp never retries it itself; in this window the upstream never saw a request.
         With `resends` (the retrying caller's list) the re-send is noted there instead of
         logged, so that caller logs one line for the request."""
@@ -285,7 +285,7 @@ class LiteLLMClient:
 
     # -- admin calls (master key) ----------------------------------------------------
     async def create_customer(self, user_id: str, budget_id: str) -> None:
-        """`POST /customer/new`. The status is deliberately not checked (spec §3.1): a
+        """`POST /customer/new`. The status is deliberately not checked (compatibility.md §3.1): a
         concurrent creator's duplicate error is harmless because the caller re-reads."""
         async with self._session.post(
             self._customer_new_url,

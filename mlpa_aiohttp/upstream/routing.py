@@ -1,4 +1,4 @@
-"""LiteLLM routing headers on successful completions (spec §4.7)."""
+"""LiteLLM routing headers on successful completions (compatibility.md §4.7)."""
 
 from __future__ import annotations
 

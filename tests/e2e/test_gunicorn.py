@@ -1,6 +1,6 @@
 """The production entry under real gunicorn with two aiohttp workers, against loopback fakes
 of LiteLLM and FxA served by this test process: streaming, disconnect propagation,
-metrics aggregated over workers (decision 19) and graceful shutdown (decision 6)."""
+metrics aggregated over workers (compatibility.md D19) and graceful shutdown (compatibility.md D6)."""
 
 from __future__ import annotations
 

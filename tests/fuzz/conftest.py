@@ -53,7 +53,7 @@ def _event(record: logging.LogRecord) -> str:
 def no_new_errors(live: LiveService) -> Iterator[None]:
     """The test must not make the service log an ERROR or a traceback.
 
-    One ERROR is by design (spec §4.6): LiteLLM answering an error the classifier does
+    One ERROR is by design (compatibility.md §4.6): LiteLLM answering an error the classifier does
     not know (`*_upstream_error`, no traceback), e.g. its 400 for an empty search query.
     """
     before = len(live.errors.records)

@@ -1,6 +1,6 @@
 """The admin API over real HTTP, through the service's own app (`create_app(settings)`, so
 production's middlewares and error mapping answer), on both stores (and a loopback LiteLLM
-for `/customer/info`). Exact bodies and statuses per spec §1.6, decisions 10 and 12."""
+for `/customer/info`). Exact bodies and statuses per compatibility.md §1.6, D10 and D12."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ TEAM = "TEAMID1234"
 BUNDLE = "org.mozilla.ios.Firefox"
 CLIENTS = 6
 ROUNDS = 12
-# Every answer the service may give a request of this traffic (spec §1.4, §2.5).
+# Every answer the service may give a request of this traffic (compatibility.md §1.4, §2.5).
 DOCUMENTED = {
     (200, None),
     (401, "Invalid or expired challenge"),  # another request of the key spent the challenge

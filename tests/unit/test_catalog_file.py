@@ -118,7 +118,7 @@ name = "Liner Pro"
     assert problems_of(text) == [
         "service_type #3 'ai': duplicate service type 'ai' (also service_type #1)",
         "service_type #4 'labs-dev': 'labs-dev' ends with -dev but dev is not true: set dev = true (dev types need "
-        "x-dev-authorization, decision 11) or choose another name",
+        "x-dev-authorization, compatibility.md D11) or choose another name",
         "model #1 'liner'.pinned_to: 'liner-answer' is not a service type of this file",
         "model #2 'liner': duplicate model 'liner'",
         "model #3 'Liner Pro': model name 'Liner Pro' is one the chat route refuses (pattern "

@@ -377,7 +377,7 @@ async def test_request_too_large_by_content_length(make_service) -> None:
 
 
 async def test_chunked_body_of_exactly_the_limit_is_accepted(make_service) -> None:
-    """The limit is inclusive, as for Content-Length (spec §5.1: equal is allowed)."""
+    """The limit is inclusive, as for Content-Length (compatibility.md §5.1: equal is allowed)."""
     limit = 400
     service = await make_service(MAX_REQUEST_SIZE_BYTES=str(limit))
     body = json.dumps(chat_body()).encode()

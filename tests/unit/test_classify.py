@@ -1,4 +1,4 @@
-"""Upstream error classification (spec §4.5, decision 8)."""
+"""Upstream error classification (compatibility.md §4.5, D8)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_classified(status: int, body: str, expected: tuple) -> None:
     "status,body",
     [
         (400, json.dumps({"error": {"type": "invalid_request", "message": "Invalid request parameters"}})),
-        # Decision 8: "generate" and "moderate" are not rate-limit wording.
+        # compatibility.md D8: "generate" and "moderate" are not rate-limit wording.
         (400, json.dumps({"error": {"type": "invalid_request_error", "message": "Could not generate a moderate response"}})),
         (429, json.dumps({"error": {"type": "other", "message": "try later"}})),
         (429, "Too Many Requests"),

@@ -3,7 +3,7 @@
 Variables: every one the manifests or config/example.env set is read by someone, and
 example.env documents all of them. Shutdown: terminationGracePeriodSeconds > preStop pause +
 gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain budget
-(decision 6). Probes point at the health routes.
+(compatibility.md D6). Probes point at the health routes.
 """
 
 from __future__ import annotations

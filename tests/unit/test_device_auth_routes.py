@@ -1,4 +1,4 @@
-"""App Attest and Play Integrity through the service over HTTP (spec §1.4, §1.5, §2.5, §2.6).
+"""App Attest and Play Integrity through the service over HTTP (compatibility.md §1.4, §1.5, §2.5, §2.6).
 
 The verifier runs for real: the test device produces genuine attestation and assertion
 objects under a test CA whose root the service is configured with; Google is a loopback

@@ -1,4 +1,4 @@
-"""Health probes over real HTTP (spec §1.2, decision 6): liveness never does I/O; readiness
+"""Health probes over real HTTP (compatibility.md §1.2, D6): liveness never does I/O; readiness
 is 200 only when every dependency is ready, each check bounded by READINESS_CHECK_TIMEOUT_S."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ async def test_readiness_accepts_both_healthy_litellm_statuses(service: Service,
 
 
 async def test_litellm_version_in_its_own_readiness_body_wins(service: Service) -> None:
-    # The reference merges LiteLLM's JSON after its own field (spec §11.29).
+    # The reference merges LiteLLM's JSON after its own field (compatibility.md §11.29).
     service.litellm.litellm_version = "1.2.3"
     service.litellm.readiness_body = {**READY_LITELLM, "litellm_version": "9.9.9"}
     _, body = await readiness(service)

@@ -1,5 +1,5 @@
-"""Metrics of spec §6 recorded at the right points, over real requests; bounded labels;
-decision 9 (unmatched paths, whole-stream latency) and decision 19 (several processes)."""
+"""Metrics of compatibility.md §6 recorded at the right points, over real requests; bounded labels;
+compatibility.md D9 (unmatched paths, whole-stream latency) and compatibility.md D19 (several processes)."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ async def test_oversized_chat_request(make_service: ServiceFactory) -> None:
     assert availability(service) == [
         ({"outcome": "excluded", "reason": "payload_too_large", "model": "invalid", "service_type": "ai", "purpose": "chat"}, 1.0)
     ]
-    # The 413 passes through the request instrumentation (decision 7).
+    # The 413 passes through the request instrumentation (compatibility.md D7).
     assert sample(service, "mlpa_response_status_codes_total", {"status_code": "413"}) == 1
 
 

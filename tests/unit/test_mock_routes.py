@@ -1,4 +1,4 @@
-"""`/mock/*` load-testing routes over real HTTP (spec §1.7, decision 16)."""
+"""`/mock/*` load-testing routes over real HTTP (compatibility.md §1.7, D16)."""
 
 from __future__ import annotations
 

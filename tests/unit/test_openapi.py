@@ -1,5 +1,5 @@
 """The OpenAPI document: valid OpenAPI, in step with the app's real router, and served with
-Swagger UI from packaged assets (spec §1.10)."""
+Swagger UI from packaged assets (compatibility.md §1.10)."""
 
 from __future__ import annotations
 

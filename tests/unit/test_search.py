@@ -1,4 +1,4 @@
-"""`POST /v1/search` (spec §1.9, §4.8)."""
+"""`POST /v1/search` (compatibility.md §1.9, §4.8)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Security headers on every kind of response (spec §5.1) and the request size limit on
-every body route, chunked uploads included (decision 7)."""
+"""Security headers on every kind of response (compatibility.md §5.1) and the request size limit on
+every body route, chunked uploads included (compatibility.md D7)."""
 
 from __future__ import annotations
 

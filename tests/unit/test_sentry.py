@@ -1,4 +1,4 @@
-"""Sentry reporting: the real SDK sends real envelopes to a loopback fake (decision 17)."""
+"""Sentry reporting: the real SDK sends real envelopes to a loopback fake (compatibility.md D17)."""
 
 from __future__ import annotations
 

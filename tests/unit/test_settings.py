@@ -41,7 +41,7 @@ def test_defaults_and_overrides() -> None:
     assert settings.budgets[ServiceType.AGENT].budget_duration == "7d"
     assert settings.fxa.scopes == ("profile:uid", "https://identity.mozilla.com/apps/smartwindow")
     assert settings.fxa.base_url == FXA_PRODUCTION_URL
-    # Decision 4: the non-streaming timeout follows the streaming one by default.
+    # compatibility.md D4: the non-streaming timeout follows the streaming one by default.
     assert settings.upstream.read_timeout_seconds == settings.upstream.streaming_timeout_seconds == 300
 
 
@@ -119,7 +119,7 @@ def test_debug_changes_exactly_the_debug_defaults() -> None:
 
 
 def test_the_refused_secrets_and_their_defaults() -> None:
-    # Decision 13's list; each default is the field's, which an unset variable yields.
+    # compatibility.md D13's list; each default is the field's, which an unset variable yields.
     assert set(DEFAULT_SECRETS) == {
         "MASTER_KEY",
         "MLPA_VIRTUAL_KEY",
@@ -140,7 +140,7 @@ def test_the_refused_secrets_and_their_defaults() -> None:
 
 
 def test_the_read_timeout_follows_the_streaming_timeout_unless_set() -> None:
-    # Decision 4, in the dataclass and in the reader.
+    # compatibility.md D4, in the dataclass and in the reader.
     assert Settings().upstream.read_timeout_seconds == Settings().upstream.streaming_timeout_seconds
     debug = {"MLPA_DEBUG": "true"}
     upstream = Settings.from_environ({**debug, "STREAMING_TIMEOUT_SECONDS": "42"}).upstream

@@ -1,4 +1,4 @@
-"""Framed SSE accounting (decision 2): events split across reads still count."""
+"""Framed SSE accounting (compatibility.md D2): events split across reads still count."""
 
 from __future__ import annotations
 

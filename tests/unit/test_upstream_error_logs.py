@@ -1,5 +1,5 @@
 """Upstream (LiteLLM) error text in logs: truncated and without request content
-(decision 17), while MLPA_DEBUG clients still get the text as the reference gives it."""
+(compatibility.md D17), while MLPA_DEBUG clients still get the text as the reference gives it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the FastAPI original does around its relay, minus auth (spec §4.4, §5.1, §6).
+"""What the FastAPI original does around its relay, minus auth (compatibility.md §4.4, §5.1, §6).
 
 A stream in the original passes through four Starlette "http" function middlewares
 (`@app.middleware("http")`, i.e. `BaseHTTPMiddleware`, each of which re-wraps a streaming
@@ -49,7 +49,7 @@ CallNext = Callable[[Request], Awaitable[Response]]
 
 
 def install_middlewares(app: FastAPI) -> None:
-    """Registered innermost first, so they run as §5.1 lists them (size limit outermost)."""
+    """Registered innermost first, so they run as compatibility.md §5.1 lists them (size limit outermost)."""
 
     @app.middleware("http")
     async def json_content_type_for_play(request: Request, call_next: CallNext) -> Response:
@@ -106,7 +106,7 @@ def install_middlewares(app: FastAPI) -> None:
 
 
 class ChunkInspector:
-    """The original's per-chunk look (§4.4): usage and tool calls, best effort."""
+    """The original's per-chunk look (compatibility.md §4.4): usage and tool calls, best effort."""
 
     def __init__(self, model: str, started: float) -> None:
         self.model = model
