@@ -46,6 +46,17 @@ def events(caplog: pytest.LogCaptureFixture, name: str | None = None) -> list[di
     return found
 
 
+def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Records that carry a traceback: a stdlib record's own `exc_info`, or one of ours whose
+    structlog event dict still holds `exc_info` (rendered only by the formatter, so the
+    record's attribute alone never shows it)."""
+    return [
+        record
+        for record in caplog.records
+        if record.exc_info or (isinstance(record.msg, dict) and record.msg.get("exc_info"))
+    ]
+
+
 @dataclass
 class Service:
     """The app under test, its client, and the fakes it talks to."""

@@ -17,7 +17,7 @@ from tests.support.metrics import sample
 from tests.support.streams import direct_stream_bytes
 from tests.support.waiting import wait_for
 
-from ..conftest import Service, ServiceFactory, chat_body, events, open_streams
+from ..conftest import Service, ServiceFactory, chat_body, events, open_streams, tracebacks
 
 
 @pytest.fixture(params=["regular", "fast"])
@@ -170,7 +170,7 @@ def _assert_logged_once_as_disconnect(service: Service, caplog) -> None:
     assert lines[0]["level"] == "INFO"
     assert lines[0]["result"] == "abort"
     assert not [e for e in events(caplog) if e["level"] in ("ERROR", "CRITICAL")]
-    assert not [r for r in caplog.records if r.exc_info]
+    assert not tracebacks(caplog)
     labels = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
     assert sample(service, "mlpa_chat_availability_total", {"outcome": "abort", "reason": "client_disconnect", **labels}) == 1
     assert sample(service, "mlpa_chat_completion_latency_seconds_count", {"result": "abort", **labels}) == 1

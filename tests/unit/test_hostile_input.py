@@ -21,7 +21,7 @@ from mlpa_aiohttp.auth.access_token import issue_access_token
 from tests.support.app_attest_device import TestAttestationCA
 from tests.support.fake_google import FakeGoogle, make_verdict
 
-from ..conftest import TEST_SECRETS, Service, chat_body, events
+from ..conftest import TEST_SECRETS, Service, chat_body, events, tracebacks
 
 BODY_UNPARSEABLE = {"detail": "There was an error parsing the body"}
 MASTER = {"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"}
@@ -60,7 +60,7 @@ async def service(make_service, ca: TestAttestationCA, google: FakeGoogle, tmp_p
 def no_error_logged(caplog: pytest.LogCaptureFixture) -> None:
     loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not loud, [r.getMessage() for r in loud]
-    assert not [r for r in caplog.records if r.exc_info], "no traceback for a client's mistake"
+    assert not tracebacks(caplog), "no traceback for a client's mistake"
 
 
 async def raw_exchange(service: Service, request: bytes) -> bytes:

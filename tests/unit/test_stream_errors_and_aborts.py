@@ -13,7 +13,7 @@ from mlpa_aiohttp.testing.fake_litellm import IN_BAND_ERROR_EVENT, Scenario, in_
 from tests.support.metrics import recorded
 from tests.support.waiting import wait_for
 
-from ..conftest import Service, chat_body, events
+from ..conftest import Service, chat_body, events, tracebacks
 
 LABELS = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
 
@@ -59,7 +59,7 @@ async def test_classified_in_band_error_is_relayed_untouched_and_recorded(servic
     assert (logged["event"], logged["level"]) == (log_event, level)
     [line] = events(caplog, "request")
     assert line["result"] == "error"
-    assert not [r for r in caplog.records if r.exc_info]
+    assert not tracebacks(caplog)
 
 
 async def test_generic_in_band_error_is_a_failure_with_the_captured_event(service: Service, caplog) -> None:
@@ -79,7 +79,7 @@ async def test_generic_in_band_error_is_a_failure_with_the_captured_event(servic
     assert len([e for e in events(caplog) if e["level"] == "ERROR"]) == 1
     [line] = events(caplog, "request")
     assert line["result"] == "error"
-    assert not [r for r in caplog.records if r.exc_info]
+    assert not tracebacks(caplog)
 
 
 async def test_normal_stream_is_still_a_success(service: Service, caplog) -> None:
