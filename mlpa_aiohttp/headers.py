@@ -16,7 +16,7 @@ USE_QA_CERTIFICATES = "use-qa-certificates"
 USE_PLAY_INTEGRITY = "use-play-integrity"
 GEO_COUNTRY = "X-Geo-Country"
 SESSION_ID = "session-id"
-# A client opts its stream into keep-alive comments with this one (compatibility.md D34).
+# A client opts its stream into keep-alive lines with this one (compatibility.md D34).
 STREAM_KEEPALIVE = "X-MLPA-Keepalive"
 
 # The admin keys: the reference's underscored spelling first, then the hyphenated one that
@@ -26,3 +26,6 @@ UI_ACCESS_KEY = ("mlpa_ui_access_key", "mlpa-ui-access-key")
 
 # Google's quota-project header on the Play Integrity call (compatibility.md §2.6).
 GOOGLE_USER_PROJECT = "x-goog-user-project"
+
+# Standard, but not in the `hdrs` of aiohttp 3.14.0, the lowest version setup.cfg admits.
+CONTENT_SECURITY_POLICY = "Content-Security-Policy"

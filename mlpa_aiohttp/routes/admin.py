@@ -33,6 +33,7 @@ from aiohttp import hdrs, web
 
 from .. import keys
 from ..errors import ApiError, AuthRejected, NotFound, RequestInvalid, ServerFault
+from ..headers import CONTENT_SECURITY_POLICY
 from ..headers import MASTER_KEY as MASTER_KEY_HEADERS
 from ..headers import UI_ACCESS_KEY as UI_ACCESS_KEY_HEADERS
 from ..models import BudgetUpdate, UsersPage, parse_query
@@ -223,7 +224,7 @@ def _admin_page() -> Handler:
     )
     headers = {
         hdrs.CACHE_CONTROL: "no-store",
-        hdrs.CONTENT_SECURITY_POLICY: (
+        CONTENT_SECURITY_POLICY: (
             f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
             "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
         ),
