@@ -27,5 +27,12 @@ UI_ACCESS_KEY = ("mlpa_ui_access_key", "mlpa-ui-access-key")
 # Google's quota-project header on the Play Integrity call (compatibility.md §2.6).
 GOOGLE_USER_PROJECT = "x-goog-user-project"
 
+# The request id a caller (or the edge) may pass, echoed in every log line.
+REQUEST_ID = "x-request-id"
+# Tells nginx-style intermediaries not to buffer a stream.
+ACCEL_BUFFERING = "X-Accel-Buffering"
+
 # Standard, but not in the `hdrs` of aiohttp 3.14.0, the lowest version setup.cfg admits.
 CONTENT_SECURITY_POLICY = "Content-Security-Policy"
+STRICT_TRANSPORT_SECURITY = "Strict-Transport-Security"
+CONTENT_TYPE_OPTIONS = "X-Content-Type-Options"

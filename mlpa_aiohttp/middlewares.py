@@ -25,8 +25,9 @@ import uuid
 from typing import Awaitable, Callable
 
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from . import headers as header_names
 from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability.labels import clamp_method, major_firefox_version
@@ -50,7 +51,7 @@ def route_label(request: web.Request) -> str:
 
 @web.middleware
 async def request_context(request: web.Request, handler: Handler) -> web.StreamResponse:
-    incoming_id = request.headers.get("x-request-id", "")
+    incoming_id = request.headers.get(header_names.REQUEST_ID, "")
     request_id = incoming_id if _REQUEST_ID.match(incoming_id) else uuid.uuid4().hex
     route = route_label(request)
     headers = request.headers
@@ -59,10 +60,10 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         request_id=request_id,
         method=request.method,
         route=route,
-        service_type=headers.get("service-type", "N/A"),
-        purpose=headers.get("purpose", "").strip() or "-",  # the spelling the handlers use
-        session_id=headers.get("session-id", "N/A"),
-        user_agent=headers.get("user-agent", "N/A"),
+        service_type=headers.get(header_names.SERVICE_TYPE, "N/A"),
+        purpose=headers.get(header_names.PURPOSE, "").strip() or "-",  # the spelling the handlers use
+        session_id=headers.get(header_names.SESSION_ID, "N/A"),
+        user_agent=headers.get(hdrs.USER_AGENT, "N/A"),
     )
     metrics = request.app[keys.METRICS]
     metrics.in_progress.inc()
@@ -87,9 +88,9 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             metrics.requests.labels(
                 method,
                 route,
-                metrics.labels.service_type(headers.get("service-type")),
-                metrics.labels.purpose(headers.get("purpose", "").strip()),
-                major_firefox_version(headers.get("user-agent")),
+                metrics.labels.service_type(headers.get(header_names.SERVICE_TYPE)),
+                metrics.labels.purpose(headers.get(header_names.PURPOSE, "").strip()),
+                major_firefox_version(headers.get(hdrs.USER_AGENT)),
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
             metrics.request_latency.labels(method, route).observe(elapsed)
@@ -143,8 +144,8 @@ async def error_mapping(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def _allow_header(exc: web.HTTPException) -> dict[str, str]:
-    allow = exc.headers.get("Allow")
-    return {"Allow": allow} if allow else {}
+    allow = exc.headers.get(hdrs.ALLOW)
+    return {hdrs.ALLOW: allow} if allow else {}
 
 
 def _record_oversized(request: web.Request) -> None:
@@ -154,8 +155,8 @@ def _record_oversized(request: web.Request) -> None:
         metrics.chat_availability(
             "payload_too_large",
             model=None,
-            service_type=metrics.labels.service_type(request.headers.get("service-type")),
-            purpose=metrics.labels.purpose(request.headers.get("purpose", "").strip()),
+            service_type=metrics.labels.service_type(request.headers.get(header_names.SERVICE_TYPE)),
+            purpose=metrics.labels.purpose(request.headers.get(header_names.PURPOSE, "").strip()),
         )
 
 
@@ -166,9 +167,9 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
     server = request.config_dict[keys.SETTINGS].server
     if not server.security_headers_enabled:
         return
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    if request.scheme == "https" or request.headers.get("X-Forwarded-Proto") == "https":
+    response.headers[header_names.CONTENT_TYPE_OPTIONS] = "nosniff"
+    if request.scheme == "https" or request.headers.get(hdrs.X_FORWARDED_PROTO) == "https":
         value = f"max-age={server.hsts_max_age}"
         if server.hsts_include_subdomains:
             value += "; includeSubDomains"
-        response.headers["Strict-Transport-Security"] = value
+        response.headers[header_names.STRICT_TRANSPORT_SECURITY] = value

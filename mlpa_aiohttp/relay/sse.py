@@ -22,16 +22,18 @@ import re
 from typing import Any
 
 import structlog
+from aiohttp import hdrs
+
+from ..headers import ACCEL_BUFFERING
 
 log = structlog.get_logger(__name__)
 
 _EVENT_SEPARATOR = b"\n\n"
 
 HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    # Tell nginx-style intermediaries not to buffer the stream.
-    "X-Accel-Buffering": "no",
+    hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8",
+    hdrs.CACHE_CONTROL: "no-cache",
+    ACCEL_BUFFERING: "no",
 }
 
 # Written while a stream waits for its first upstream byte (relay/keepalive.py): one empty
