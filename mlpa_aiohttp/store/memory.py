@@ -81,14 +81,6 @@ class MemoryUserStore:
         if row is not None:
             row["spend"] = float(row.get("spend") or 0.0) + cost
 
-    def set_spend(self, user_id: str, spend: float) -> None:
-        """What LiteLLM's spend tracking would write (tests, demo)."""
-        self._users[user_id]["spend"] = spend
-
-    def set_budget_reset_at(self, budget_id: str, when: datetime) -> None:
-        """What LiteLLM's budget reset job would write (tests, demo)."""
-        self._budget_resets[budget_id] = when
-
     # -- signup cap ----------------------------------------------------------------
     async def admit(self, base_identity: str) -> Admission:
         async with self._lock:

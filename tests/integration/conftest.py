@@ -23,7 +23,7 @@ from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
-from tests.support.store_seeding import add_memory_row
+from tests.support.store_seeding import add_memory_row, set_memory_budget_reset, set_memory_spend
 from tests.support.postgres import (
     LiteLLMTableCustomerCreator,
     PostgresBinariesMissing,
@@ -123,13 +123,13 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         async def add_memory_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
             add_memory_row(memory, user_id, budget_id, blocked=blocked)
 
-        async def set_memory_spend(user_id: str, spend: float) -> None:
-            memory.set_spend(user_id, spend)
+        async def spend_of(user_id: str, spend: float) -> None:
+            set_memory_spend(memory, user_id, spend)
 
-        async def set_memory_reset(budget_id: str, when: datetime) -> None:
-            memory.set_budget_reset_at(budget_id, when)
+        async def reset_of(budget_id: str, when: datetime) -> None:
+            set_memory_budget_reset(memory, budget_id, when)
 
-        return StoreUnderTest("memory", memory, creator.calls, add_memory_user, set_memory_spend, set_memory_reset)
+        return StoreUnderTest("memory", memory, creator.calls, add_memory_user, spend_of, reset_of)
     pools: Pools = request.getfixturevalue("pools")
     store: PostgresUserStore = request.getfixturevalue("pg_store")
     pg_creator: LiteLLMTableCustomerCreator = request.getfixturevalue("customer_creator")

@@ -8,6 +8,8 @@ the test wants a blocked user. The open-stream count of one identity is read fro
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
@@ -51,3 +53,14 @@ def add_memory_row(store: MemoryUserStore, user_id: str, budget_id: str | None =
         "budget_id": budget_id,
         "blocked": blocked,
     }
+
+
+def set_memory_spend(store: MemoryUserStore, user_id: str, spend: float) -> None:
+    """What LiteLLM's spend tracking would have written for `user_id` by now (the Postgres
+    tests UPDATE LiteLLM's table the same way)."""
+    store._users[user_id]["spend"] = spend
+
+
+def set_memory_budget_reset(store: MemoryUserStore, budget_id: str, when: datetime) -> None:
+    """What LiteLLM's budget reset job would have written for the tier `budget_id`."""
+    store._budget_resets[budget_id] = when

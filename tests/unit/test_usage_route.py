@@ -14,7 +14,7 @@ from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from tests.support.app_attest_device import TestAttestationCA
 
-from tests.support.store_seeding import seed_user
+from tests.support.store_seeding import seed_user, set_memory_budget_reset, set_memory_spend
 
 from ..conftest import DEV_TOKEN, Service, chat_body
 from tests.support.device_service import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
@@ -45,10 +45,10 @@ async def test_each_user_sees_only_their_own_usage(service: Service) -> None:
     await provisioned(service, alice)
     await provisioned(service, bob)
     store = memory_store(service)
-    store.set_spend("alice:ai", 0.03)
-    store.set_spend("bob:ai", 0.25)
+    set_memory_spend(store, "alice:ai", 0.03)
+    set_memory_spend(store, "bob:ai", 0.25)
     reset = datetime(2026, 12, 1, tzinfo=timezone.utc)
-    store.set_budget_reset_at(AI.budget_id, reset)
+    set_memory_budget_reset(store, AI.budget_id, reset)
 
     response = await get_usage(service, alice)
     assert response.status == 200
@@ -79,7 +79,7 @@ async def test_naming_another_user_has_no_effect(service: Service, params: dict,
     alice, bob = service.fxa.issue_jwt("alice"), service.fxa.issue_jwt("bob")
     await provisioned(service, alice)
     await provisioned(service, bob)
-    memory_store(service).set_spend("bob:ai", 0.5)
+    set_memory_spend(memory_store(service), "bob:ai", 0.5)
     response = await get_usage(service, alice, params=params, **headers)
     assert response.status == 200
     assert (await response.json())["spend"] == 0.0
