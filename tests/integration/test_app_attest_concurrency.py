@@ -24,7 +24,7 @@ from tests.support.app_attest_device import TestAttestationCA, TestDevice
 from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from ..conftest import TEST_SECRETS, Service, make_settings
-from .test_service_on_postgres import database_environ
+from tests.support.postgres import database_environ
 
 pytestmark = pytest.mark.postgres
 

@@ -20,7 +20,7 @@ from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
 from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
-from .test_service_on_postgres import database_environ
+from tests.support.postgres import database_environ
 
 pytestmark = pytest.mark.postgres
 

@@ -23,7 +23,7 @@ from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
 from .conftest import StoreUnderTest
-from .test_service_on_postgres import database_environ
+from tests.support.postgres import database_environ
 
 pytestmark = pytest.mark.postgres
 

@@ -14,23 +14,11 @@ from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres, database_environ
 
 from ..conftest import TEST_SECRETS, Service, chat_body, events, make_settings
 
 pytestmark = pytest.mark.postgres
-
-
-def database_environ(pg: PostgresSettings) -> dict[str, str]:
-    return {
-        "MLPA_STORE": "postgres",
-        "DB_HOST": pg.host,
-        "DB_PORT": str(pg.port),
-        "DB_USERNAME": pg.username,
-        "DB_PASSWORD": pg.password,
-        "LITELLM_DB_NAME": pg.litellm_db_name,
-        "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
-    }
 
 
 @pytest.fixture

@@ -268,3 +268,16 @@ class LiteLLMTableCustomerCreator:
 
     async def __call__(self, user_id: str, budget_id: str) -> None:
         await self.create_customer(user_id, budget_id)
+
+
+def database_environ(pg: PostgresSettings) -> dict[str, str]:
+    """The service's variables for the PostgreSQL store on `pg` (a test server's settings)."""
+    return {
+        "MLPA_STORE": "postgres",
+        "DB_HOST": pg.host,
+        "DB_PORT": str(pg.port),
+        "DB_USERNAME": pg.username,
+        "DB_PASSWORD": pg.password,
+        "LITELLM_DB_NAME": pg.litellm_db_name,
+        "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
+    }
