@@ -16,6 +16,7 @@ from yarl import URL
 
 from tests.conftest import TEST_SECRETS, Service, ServiceFactory
 from tests.support.app_attest_device import TestAttestationCA
+from tests.support.device_service import google  # noqa: F401 (fixture)
 from tests.support.fake_google import FakeGoogle
 
 TEAM = "TEAMID1234"
@@ -89,14 +90,6 @@ def case_env(case: str, service_type: str) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def attestation_ca() -> TestAttestationCA:
     return TestAttestationCA()
-
-
-@pytest.fixture
-async def google(tmp_path: Path):
-    fake = FakeGoogle()
-    async with fake.serve():
-        fake.credentials_file = fake.write_service_account_file(tmp_path / "sa.json")
-        yield fake
 
 
 ClientServiceFactory = Callable[..., Awaitable[Service]]

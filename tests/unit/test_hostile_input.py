@@ -19,6 +19,7 @@ import pytest
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.auth.access_token import issue_access_token
 from tests.support.app_attest_device import TestAttestationCA
+from tests.support.device_service import ca, google  # noqa: F401 (fixtures)
 from tests.support.fake_google import FakeGoogle, make_verdict
 
 from ..conftest import TEST_SECRETS, Service, chat_body, events, tracebacks
@@ -28,19 +29,6 @@ MASTER = {"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"}
 
 DEEP_ARRAYS = b"[" * 50_000 + b"]" * 50_000
 DEEP_OBJECTS = b'{"a":' * 50_000 + b"1" + b"}" * 50_000
-
-
-@pytest.fixture(scope="module")
-def ca() -> TestAttestationCA:
-    return TestAttestationCA()
-
-
-@pytest.fixture
-async def google(tmp_path: Path):
-    fake = FakeGoogle()
-    async with fake.serve():
-        fake.credentials_file = fake.write_service_account_file(tmp_path / "sa.json")
-        yield fake
 
 
 @pytest.fixture
