@@ -163,7 +163,7 @@ async def _worker_gc_metrics_context(app: web.Application) -> AsyncIterator[None
 
 
 async def _keepalive_context(app: web.Application) -> AsyncIterator[None]:
-    """The one app-wide keep-alive tick, only when keep-alive comments are enabled."""
+    """The one app-wide keep-alive tick, only when keep-alive lines are enabled."""
     keepalive = app.get(keys.STREAM_KEEPALIVE)
     async for _ in _run_while_serving(keepalive.run if keepalive is not None else None):
         yield

@@ -1,5 +1,5 @@
 """The SSE wire format, in one place: the relay's own frames (events, the shutdown event,
-the repair of a partial event before them, the keep-alive comment) and the usage and
+the repair of a partial event before them, the keep-alive bytes) and the usage and
 tool-call accounting over a relayed byte stream (compatibility.md D2).
 
 The relay forwards LiteLLM's bytes untouched; the frames below are the only bytes it writes

@@ -89,7 +89,7 @@ class StreamRelay:
         # The TTFT observer must not hold `self`: a bound method here would be a reference
         # cycle (relay -> delivery -> relay) that only the cyclic collector frees.
         self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome.model, started))
-        # Set only for a stream that opted into keep-alive comments (relay/keepalive.py).
+        # Set only for a stream that opted into keep-alive lines (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
 
@@ -192,11 +192,11 @@ class StreamRelay:
             await write(response, chunk)
 
     async def _first_byte(self, upstream: aiohttp.ClientResponse) -> None:
-        """Keep-alive streams only: wait for the first upstream bytes, end the comments, then
+        """Keep-alive streams only: wait for the first upstream bytes, end the keep-alive lines, then
         relay those bytes as `_pump` would; `_pump` carries on with the rest."""
         first = await upstream.content.readany()
         assert self._keepalive is not None
-        self._keepalive.stop(self._response)  # synchronous: no comment after this point
+        self._keepalive.stop(self._response)  # synchronous: no keep-alive line after this point
         if first:
             await self._delivery.write(self._response, first)
 

@@ -156,7 +156,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> FirstByteKeepAlive | None:
-    """The keep-alive tick if this stream gets comments: the feature is on and the service
+    """The keep-alive tick if this stream gets keep-alive lines: the feature is on and the service
     type is configured for it or the client asked by header."""
     keepalive = request.app.get(keys.STREAM_KEEPALIVE)
     if keepalive is None:
