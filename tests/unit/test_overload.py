@@ -174,8 +174,12 @@ async def test_open_stream_bound_sheds_new_requests_and_readiness_says_why(make_
 
     shed = await service.chat(chat_body())
     assert shed.status == 503 and await shed.json() == SHED_BODY
-    await asyncio.sleep(0.05)  # a sample sees the bound
+    # The next lag sample sees the bound (samples are 20 ms apart, later on a busy loop).
+    deadline = time.monotonic() + 2
     status, body = await readiness(service)
+    while status != 503 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        status, body = await readiness(service)
     assert status == 503
     assert body["overload"]["reason"] == "open_streams" and body["overload"]["open_streams"] == 1
 
