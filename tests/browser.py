@@ -78,27 +78,70 @@ class Page:
         return path
 
 
+LAUNCH_ATTEMPTS = 2
+LAUNCH_SECONDS = 30
+
+
+class ChromiumDidNotStart(RuntimeError):
+    pass
+
+
+async def _launch(profile: Path) -> tuple[asyncio.subprocess.Process, int, str]:
+    """Start Chromium and wait for its DevTools port. A launch that exits or hangs
+    (seen once on a loaded CI machine) raises with the tail of Chromium's own stderr."""
+    stderr_path = profile / "chromium-stderr.log"
+    with stderr_path.open("wb") as stderr:
+        # Own process group: Chromium's helper processes go down with it.
+        process = await asyncio.create_subprocess_exec(
+            CHROMIUM,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "about:blank",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    port_file = profile / "DevToolsActivePort"
+    try:
+        async with asyncio.timeout(LAUNCH_SECONDS):
+            while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+                if process.returncode is not None:
+                    break
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        pass
+    if not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+        await _kill(process)
+        tail = stderr_path.read_text(errors="replace")[-2000:]
+        raise ChromiumDidNotStart(
+            f"Chromium exited {process.returncode} without a DevTools port within {LAUNCH_SECONDS} s:\n{tail}"
+        )
+    port_line, browser_path = port_file.read_text().splitlines()[:2]
+    return process, int(port_line), browser_path
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    await process.wait()
+
+
 @contextlib.asynccontextmanager
 async def chromium_page() -> AsyncIterator[Page]:
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
-    profile = tempfile.mkdtemp(prefix="mlpa-chromium-")
-    # Own process group: Chromium's helper processes go down with it.
-    process = await asyncio.create_subprocess_exec(
-        CHROMIUM,
-        *CHROMIUM_FLAGS,
-        f"--user-data-dir={profile}",
-        "about:blank",
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    profile = Path(tempfile.mkdtemp(prefix="mlpa-chromium-"))
+    process = None
     try:
-        port_file = Path(profile) / "DevToolsActivePort"
-        async with asyncio.timeout(20):
-            while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
-                await asyncio.sleep(0.05)
-        port = int(port_file.read_text().splitlines()[0])
+        for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+            try:
+                process, port, browser_path = await _launch(profile)
+                break
+            except ChromiumDidNotStart:
+                if attempt == LAUNCH_ATTEMPTS:
+                    raise
+                shutil.rmtree(profile, ignore_errors=True)
+                profile.mkdir()
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
                 targets = await response.json()
@@ -108,12 +151,11 @@ async def chromium_page() -> AsyncIterator[Page]:
                 await page.call("Network.enable")
                 yield page
             # A clean exit lets Chromium remove its own temporary files.
-            async with session.ws_connect(f"ws://127.0.0.1:{port}{port_file.read_text().splitlines()[1]}") as browser:
+            async with session.ws_connect(f"ws://127.0.0.1:{port}{browser_path}") as browser:
                 await browser.send_json({"id": 1, "method": "Browser.close"})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(process.wait(), 5)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+        if process is not None:
+            await _kill(process)
         shutil.rmtree(profile, ignore_errors=True)
