@@ -39,7 +39,9 @@ def fuzz_settings(max_examples: int, **overrides: object) -> settings:
     )
 
 
-@pytest.fixture(scope="session")
+# Package scope: the service thread and its keep-alive connections end with the fuzz
+# tests, not in the middle of a later test that counts garbage or threads.
+@pytest.fixture(scope="package")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
     with live_service(Path(tmp_path_factory.mktemp("live"))) as service:
         yield service

@@ -232,7 +232,9 @@ def stop(process: subprocess.Popen, timeout: float = 15.0) -> None:
             process.wait()
 
 
-@pytest.fixture(scope="session")
+# Package scope, like everything here: LiteLLM, its in-process fakes and the service stop
+# with these tests (LiteLLM's background calls must not land in a later test's process).
+@pytest.fixture(scope="package")
 def fakes() -> Iterator[Fakes]:
     thread = LoopThread()
     provider = FakeProvider(slow_seconds=PROVIDER_TIMEOUT + 2.0)
@@ -243,7 +245,7 @@ def fakes() -> Iterator[Fakes]:
         thread.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealLiteLLM]:
     executable = litellm_executable()
     if executable is None:
@@ -317,7 +319,7 @@ def start_service(command: list[str], env: dict[str, str], log_path: Path, fakes
     return service
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def served(real_litellm: RealLiteLLM, fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """`python -m mlpa_aiohttp serve` against the real LiteLLM, for the whole session."""
     port = free_port()
