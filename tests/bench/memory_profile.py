@@ -4,7 +4,7 @@
 
 The service runs in this process (uvloop, in a thread, so that tracemalloc sees it); the fake
 LiteLLM, the fake FxA and the load generator are their own processes, as in
-`open_streams`. After a warm-up wave, it opens --n streams, then prints the allocation sites
+`open_streams`. After a warm-up wave (--warmup, 0 for none), it opens --n streams, then prints the allocation sites
 (tracemalloc, grouped by line) and the object types whose counts grew, each divided by the
 number of open streams. RSS is printed too; tracemalloc does not see what C libraries
 allocate with malloc directly, nor allocator overhead.
@@ -93,6 +93,7 @@ def main() -> int:
     parser.add_argument("--content", default="[fake:hang_after_headers] idle")
     parser.add_argument("--open-on", choices=("headers", "body"), default="headers")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=500, help="streams of the warm-up wave (0: a fresh process)")
     args = parser.parse_args()
     raise_open_file_limit()
     configure_logging(level="WARNING", json=False)
@@ -110,8 +111,9 @@ def main() -> int:
         wait_for_port(port, timeout=10)
         target = Target("in-process", port, CLIENT_TOKEN, child=None)  # type: ignore[arg-type]
         try:
-            Loadgen(procs, target, min(500, args.n), content=args.content, open_on=args.open_on).close()
-            time.sleep(1.0)
+            if args.warmup:
+                Loadgen(procs, target, args.warmup, content=args.content, open_on=args.open_on).close()
+                time.sleep(1.0)
             tracemalloc.start(1)
             counts_before, rss_before, kernel_before = object_counts(), rss_bytes(), kernel_tcp_pages()
             before = tracemalloc.take_snapshot()
