@@ -14,8 +14,8 @@ the protection on, the worker knows when it is overloaded and says so early inst
   lag stayed below the leave bound for OVERLOAD_RECOVER_SECONDS.
 * The accept queue: connections the kernel completed that the worker has not accepted yet
   (the listening sockets' queue length, read by the sampler with one TCP_INFO getsockopt
-  each). Above OVERLOAD_MAX_ACCEPT_QUEUE (200) the worker sheds until a sample finds it
-  shorter. This is the signal that keeps the 503s fast: a request waits in that queue
+  each). At OVERLOAD_MAX_ACCEPT_QUEUE (200) or more at two samples in a row (at one, while
+  readiness still says overloaded) the worker sheds until a sample finds it shorter. This is the signal that keeps the 503s fast: a request waits in that queue
   before any code of ours sees it, and only a worker that sheds cheaply drains it faster
   than requests arrive; the lag alone said nothing about it (the benchmark's 503s waited
   seconds with lag-based shedding only).
@@ -166,6 +166,7 @@ class LoadMonitor:
         self._listeners: list[socket.socket] = []
         self.accept_queue = 0
         self._queue_shedding = False
+        self._queue_was_over = False
         self._listener_scans_left = 50
         self._open_streams = open_streams
         self._metrics = metrics
@@ -222,7 +223,13 @@ class LoadMonitor:
                 self._listener_scans_left -= 1
                 self._listeners = self._find_listeners()
             self.accept_queue = sum(accept_queue_length(listener) for listener in self._listeners)
-            self._queue_shedding = self.accept_queue >= settings.max_accept_queue
+            over = self.accept_queue >= settings.max_accept_queue
+            # A calm worker sheds at the second sample in a row over the bound: one alone
+            # is usually a burst it is already taking (a single one shed 1 % of a load the
+            # unprotected worker served whole). Within an episode (readiness still 503)
+            # one is enough: waiting a sample there let the open streams' events lag.
+            self._queue_shedding = over and (self._queue_was_over or self._overloaded_at(now))
+            self._queue_was_over = over
         bound = self._bound_exceeded()
         if self._queue_shedding:
             bound = ACCEPT_QUEUE
@@ -253,6 +260,13 @@ class LoadMonitor:
         self._episode_shed += 1
 
     # -- the decisions ------------------------------------------------------------------
+    def _overloaded_at(self, now: float) -> bool:
+        """Whether readiness says overloaded as of the previous sample (the lag state, or a
+        bound hot less than OVERLOAD_RECOVER_SECONDS ago)."""
+        if self._lag_overloaded:
+            return True
+        return self._bound_hot_at is not None and now - self._bound_hot_at < self.settings.recover_seconds
+
     def _bound_exceeded(self) -> str | None:
         settings = self.settings
         if settings.max_open_streams and self._open_streams() >= settings.max_open_streams:
