@@ -15,10 +15,11 @@ the protection on, the worker knows when it is overloaded and says so early inst
 * The accept queue: connections the kernel completed that the worker has not accepted yet
   (the listening sockets' queue length, read by the sampler with one TCP_INFO getsockopt
   each). At OVERLOAD_MAX_ACCEPT_QUEUE (200) or more at two samples in a row (at one, while
-  readiness still says overloaded) the worker sheds until a sample finds it shorter. This is the signal that keeps the 503s fast: a request waits in that queue
-  before any code of ours sees it, and only a worker that sheds cheaply drains it faster
-  than requests arrive; the lag alone said nothing about it (the benchmark's 503s waited
-  seconds with lag-based shedding only).
+  readiness still says overloaded) the worker sheds until a sample finds it shorter. This
+  is the signal that keeps the 503s fast: a request waits in that queue before any code of
+  ours sees it, and only a worker that sheds cheaply drains it faster than requests arrive;
+  the lag alone said nothing about it (the benchmark's 503s waited seconds with lag-based
+  shedding only).
 * Optional bounds: open streams (OVERLOAD_MAX_OPEN_STREAMS) and admissions in flight
   (OVERLOAD_MAX_ADMISSIONS: requests between their arrival and their response headers; a
   stream's headers go out once auth and provisioning are done, before LiteLLM is asked, so
@@ -261,8 +262,8 @@ class LoadMonitor:
 
     # -- the decisions ------------------------------------------------------------------
     def _overloaded_at(self, now: float) -> bool:
-        """Whether readiness says overloaded as of the previous sample (the lag state, or a
-        bound hot less than OVERLOAD_RECOVER_SECONDS ago)."""
+        """Whether this worker is within an episode: the lag state holds, or a bound held at
+        a sample less than OVERLOAD_RECOVER_SECONDS ago (what readiness reports)."""
         if self._lag_overloaded:
             return True
         return self._bound_hot_at is not None and now - self._bound_hot_at < self.settings.recover_seconds

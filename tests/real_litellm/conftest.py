@@ -321,7 +321,7 @@ def start_service(command: list[str], env: dict[str, str], log_path: Path, fakes
 
 @pytest.fixture(scope="package")
 def served(real_litellm: RealLiteLLM, fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """`python -m mlpa_aiohttp serve` against the real LiteLLM, for the whole session."""
+    """`python -m mlpa_aiohttp serve` against the real LiteLLM, for all the tests here."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     service = start_service(
