@@ -151,5 +151,25 @@ async def during_shutdown(service: Service, ask: Awaitable[T]) -> T:
     return await asyncio.wait_for(task, 10)
 
 
+# A request LiteLLM answers with headers and then nothing: the stream stays open until its
+# client gives up.
+HOLD_TEXT = "Keep this open [fake:hang_after_headers]"
+
+
+async def while_one_stream_is_held(service: Service, hold: Awaitable[Any], second: Awaitable[T]) -> T:
+    """Start `hold` (a client's stream that stays open), wait until LiteLLM has its request,
+    then return what `second` got; the first client gives up afterwards."""
+    held = asyncio.ensure_future(hold)
+    deadline = time.monotonic() + 10
+    while not service.litellm.requests_to("/v1/chat/completions"):
+        assert time.monotonic() < deadline and not held.done()
+        await asyncio.sleep(0.01)
+    try:
+        return await second
+    finally:
+        held.cancel()  # the first client gives up: its stream ends
+        await asyncio.gather(held, return_exceptions=True)
+
+
 def cell_params() -> Any:
     return pytest.mark.parametrize("cell", CELLS, ids=[c.id for c in CELLS])

@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 DESKTOP_DIR = Path(__file__).resolve().parent / "desktop"
 WORKER = DESKTOP_DIR / "sdk_worker.mjs"
 USER_AGENT = "Mozilla/5.0 (X11; Linux x86_64; rv:150.0) Gecko/20100101 Firefox/150.0"
@@ -115,3 +117,15 @@ def streamed_text(result: dict[str, Any]) -> str:
 def is_401(result: dict[str, Any]) -> bool:
     error = result.get("error")
     return bool(error) and (error["status"] == 401 or "401 status code" in error["message"])
+
+
+async def hold_stream(session: aiohttp.ClientSession, base_url: str, token: str, text: str) -> None:
+    """The desktop client's request for `text`, sent with aiohttp (not the SDK) and read to
+    its end: a stream another request can be made beside."""
+    request = chat_request(base_url, token, text)
+    async with session.post(
+        f"{base_url}/v1/chat/completions",
+        data=json.dumps(request["body"]),
+        headers={**request["defaultHeaders"], "authorization": f"Bearer {token}"},
+    ) as response:
+        await response.read()
