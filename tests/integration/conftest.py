@@ -18,19 +18,25 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator,
 import asyncpg
 import pytest
 
+from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
+from mlpa_aiohttp.testing.fake_fxa import FakeFxA
+from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
 from tests.support.store_seeding import add_memory_row, set_memory_budget_reset, set_memory_spend
 from tests.support.postgres import (
     LiteLLMTableCustomerCreator,
     PostgresBinariesMissing,
     ThrowawayPostgres,
+    database_environ,
     prepare_databases,
     truncate_all,
 )
+
+from ..conftest import TEST_SECRETS, Service, make_settings
 
 
 T = TypeVar("T")
@@ -112,6 +118,35 @@ async def insert_user(pool: asyncpg.Pool, user_id: str, budget_id: str | None = 
         budget_id,
         blocked,
     )
+
+
+PgServiceFactory = Callable[..., Awaitable[Service]]
+
+
+@pytest.fixture
+async def make_pg_service(aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings) -> PgServiceFactory:
+    """The whole service on the session's PostgreSQL (`MLPA_STORE=postgres`), with a fake
+    LiteLLM that writes its end users into LiteLLM's table and a fake FxA. Each call starts
+    another app, with `env` on top, on the same fakes; `token_uid` gives it an FxA token."""
+    litellm = FakeLiteLLM(
+        virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
+        master_key=TEST_SECRETS["MASTER_KEY"],
+        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
+    )
+    fxa = FakeFxA()
+    litellm_server = await aiohttp_server(litellm.make_app())
+    fxa_server = await aiohttp_server(fxa.make_app())
+
+    async def build(*, token_uid: str | None = None, **env: str) -> Service:
+        settings = make_settings(
+            str(litellm_server.make_url("")).rstrip("/"), str(fxa_server.make_url("/v1")), **env, **database_environ(pg_settings)
+        )
+        app = create_app(settings)
+        client = await aiohttp_client(app)
+        token = fxa.issue_jwt(token_uid) if token_uid is not None else ""
+        return Service(client=client, litellm=litellm, fxa=fxa, app=app, token=token)
+
+    return build
 
 
 @pytest.fixture(params=["memory", "postgres"])

@@ -9,22 +9,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 import pytest
 
-from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.settings import PostgresSettings
-from mlpa_aiohttp.store.pools import Pools
-from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
 from tests.clients.ios import IOSApp
 from tests.support.app_attest_device import TestAttestationCA, TestDevice
-from tests.support.postgres import LiteLLMTableCustomerCreator
 
-from ..conftest import TEST_SECRETS, Service, make_settings
-from tests.support.postgres import database_environ
+from ..conftest import Service
+from .conftest import PgServiceFactory
 
 pytestmark = pytest.mark.postgres
 
@@ -41,30 +34,12 @@ DOCUMENTED = {
 
 
 @pytest.fixture
-async def ios_service(
-    aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings, tmp_path: Path
-) -> AsyncIterator[tuple[Service, TestAttestationCA]]:
+async def ios_service(make_pg_service: PgServiceFactory, tmp_path: Path) -> tuple[Service, TestAttestationCA]:
     ca = TestAttestationCA()
     root = tmp_path / "root.pem"
     root.write_bytes(ca.root_pem)
-    litellm = FakeLiteLLM(
-        virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
-        master_key=TEST_SECRETS["MASTER_KEY"],
-        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
-    )
-    fxa = FakeFxA()
-    litellm_server = await aiohttp_server(litellm.make_app())
-    fxa_server = await aiohttp_server(fxa.make_app())
-    settings = make_settings(
-        str(litellm_server.make_url("")).rstrip("/"),
-        str(fxa_server.make_url("/v1")),
-        APP_ATTEST_ROOT_CA_PATH=str(root),
-        APP_DEVELOPMENT_TEAM=TEAM,
-        **database_environ(pg_settings),
-    )
-    app = create_app(settings)
-    client = await aiohttp_client(app)
-    yield Service(client=client, litellm=litellm, fxa=fxa, app=app), ca
+    service = await make_pg_service(APP_ATTEST_ROOT_CA_PATH=str(root), APP_DEVELOPMENT_TEAM=TEAM)
+    return service, ca
 
 
 async def _round(app: IOSApp, session: aiohttp.ClientSession) -> tuple[int, str | None]:

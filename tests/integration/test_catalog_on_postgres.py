@@ -6,21 +6,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import pytest
 
-from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ModelEntry, ServiceTypeEntry
 from mlpa_aiohttp.catalog_file import render_catalog
-from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
-from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support.postgres import LiteLLMTableCustomerCreator
 
-from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
-from tests.support.postgres import database_environ
+from ..conftest import Service, chat_body
+from .conftest import PgServiceFactory
 
 pytestmark = pytest.mark.postgres
 
@@ -41,31 +36,15 @@ ServiceOnFile = Callable[[Catalog], Awaitable[Service]]
 
 
 @pytest.fixture
-async def service_on_file(aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings, tmp_path: Path) -> AsyncIterator[ServiceOnFile]:
-    litellm = FakeLiteLLM(
-        virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
-        master_key=TEST_SECRETS["MASTER_KEY"],
-        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
-    )
-    fxa = FakeFxA()
-    litellm_server = await aiohttp_server(litellm.make_app())
-    fxa_server = await aiohttp_server(fxa.make_app())
-
+def service_on_file(make_pg_service: PgServiceFactory, tmp_path: Path) -> ServiceOnFile:
     async def start(catalog: Catalog) -> Service:
         path = tmp_path / f"catalog-{len(list(tmp_path.iterdir()))}.toml"
         path.write_text(render_catalog(catalog))
-        settings = make_settings(
-            str(litellm_server.make_url("")).rstrip("/"),
-            str(fxa_server.make_url("/v1")),
-            MLPA_CATALOG_FILE=str(path),
-            MLPA_ENFORCE_SIGNIN_CAP="true",
-            MLPA_MAX_SIGNED_IN_USERS="1",
-            **database_environ(pg_settings),
+        return await make_pg_service(
+            token_uid="ios-uid", MLPA_CATALOG_FILE=str(path), MLPA_ENFORCE_SIGNIN_CAP="true", MLPA_MAX_SIGNED_IN_USERS="1"
         )
-        client = await aiohttp_client(create_app(settings))
-        return Service(client=client, litellm=litellm, fxa=fxa, app=client.app, token=fxa.issue_jwt("ios-uid"))
 
-    yield start
+    return start
 
 
 async def test_a_new_service_type_works_end_to_end_from_the_file_alone(service_on_file: ServiceOnFile, pools: Pools) -> None:

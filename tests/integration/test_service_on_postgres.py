@@ -5,42 +5,21 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
-from typing import AsyncIterator
 
 import pytest
 
-from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
-from mlpa_aiohttp.testing.fake_fxa import FakeFxA
-from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres, database_environ
+from tests.support.postgres import ThrowawayPostgres
 
-from ..conftest import TEST_SECRETS, Service, chat_body, events, make_settings
+from ..conftest import Service, chat_body, events
+from .conftest import PgServiceFactory
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def pg_service(aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings) -> AsyncIterator[Service]:
-    litellm = FakeLiteLLM(
-        virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
-        master_key=TEST_SECRETS["MASTER_KEY"],
-        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
-    )
-    fxa = FakeFxA()
-    litellm_server = await aiohttp_server(litellm.make_app())
-    fxa_server = await aiohttp_server(fxa.make_app())
-    settings = make_settings(
-        str(litellm_server.make_url("")).rstrip("/"),
-        str(fxa_server.make_url("/v1")),
-        MLPA_ENFORCE_SIGNIN_CAP="true",
-        MLPA_MAX_SIGNED_IN_USERS="2",
-        **database_environ(pg_settings),
-    )
-    app = create_app(settings)
-    client = await aiohttp_client(app)
-    yield Service(client=client, litellm=litellm, fxa=fxa, app=app, token=fxa.issue_jwt("pg-uid"))
+async def pg_service(make_pg_service: PgServiceFactory) -> Service:
+    return await make_pg_service(token_uid="pg-uid", MLPA_ENFORCE_SIGNIN_CAP="true", MLPA_MAX_SIGNED_IN_USERS="2")
 
 
 async def test_streaming_completion_creates_the_user_in_litellms_table(pg_service: Service, pools: Pools) -> None:
