@@ -23,8 +23,8 @@ from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceTy
 from mlpa_aiohttp.catalog_file import render_catalog
 
 from ..conftest import TEST_SECRETS, chat_body
-from .test_gunicorn import CHAT_PATH, REPO_ROOT, WORKERS, Gunicorn, free_port, wait_until_live
-from .test_gunicorn_logs import base_env, json_lines, run_to_exit
+from tests.support.gunicorn import Gunicorn, json_lines, json_log_env, run_to_exit, running_gunicorn, service_env, wait_until_live
+from tests.support.processes import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +94,7 @@ def test_serve_refuses_a_bad_file_listing_every_problem(bad_file: Path) -> None:
 
 
 def test_gunicorn_refuses_a_bad_file_before_forking(bad_file: Path, tmp_path: Path) -> None:
-    env = base_env(PORT=str(free_port()), MLPA_CATALOG_FILE=str(bad_file), MLPA_STORE="memory", **TEST_SECRETS)
+    env = json_log_env(PORT=str(free_port()), MLPA_CATALOG_FILE=str(bad_file), MLPA_STORE="memory", **TEST_SECRETS)
     status, stdout, stderr = run_to_exit(env, tmp_path)
     assert status == 78
     (error,) = [e for e in stdout + stderr if e["event"] == "configuration_error"]
@@ -133,6 +133,8 @@ def test_catalog_check_and_show(bad_file: Path, tmp_path: Path) -> None:
 # -- HUP with open streams ------------------------------------------------------------------
 
 DRAIN_SECONDS = 15
+WORKERS = 2
+CHAT_PATH = "/v1/chat/completions"
 STREAMS = 4
 SW_ANSWER = ServiceTypeEntry("sw-answer", ("answer",), BudgetTier("end-user-budget-sw-answer", 0.1, 10, 2000, "1d"))
 
@@ -148,42 +150,22 @@ async def gunicorn_with_catalog(
     """gunicorn with the catalogue file, every worker ready; stopped (SIGTERM) on the way out."""
     (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
     port = free_port()
-    log_path = tmp_path / "gunicorn.log"
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
-        **TEST_SECRETS,
-        "PYTHONPATH": str(REPO_ROOT),
-        "PORT": str(port),
-        "GUNICORN_WORKERS": str(WORKERS),
+    env = service_env(
+        str(litellm_server.make_url("")).rstrip("/"),
+        str(fxa_server.make_url("/v1")),
+        port=port,
+        workers=WORKERS,
         # Old workers drain for up to this long after the HUP: longer than any stream here.
-        "SHUTDOWN_DRAIN_SECONDS": str(DRAIN_SECONDS),
-        "MLPA_STORE": "memory",
-        "MLPA_CATALOG_FILE": str(catalog_file),
-        "LITELLM_API_BASE": str(litellm_server.make_url("")).rstrip("/"),
-        "FXA_BASE_URL": str(fxa_server.make_url("/v1")),
-        "LOG_LEVEL": "INFO",
+        SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS),
+        MLPA_CATALOG_FILE=str(catalog_file),
         **extra,
-    }
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        server = Gunicorn(process, f"http://127.0.0.1:{port}", tmp_path, log_path, fxa.issue_jwt("hup-user"))
-        try:
-            await wait_until_live(server)
-            yield server
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+    )
+    token = fxa.issue_jwt("hup-user")
+    async with running_gunicorn(
+        env, port=port, log_path=tmp_path / "gunicorn.log", metrics_dir=tmp_path, token=token, stop_seconds=30
+    ) as server:
+        await wait_until_live(server)
+        yield server
 
 
 async def chat_status(session: aiohttp.ClientSession, server: Gunicorn, service_type: str, **extra: str) -> int | None:

@@ -6,23 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, AsyncIterator
+from typing import AsyncIterator
 
 import aiohttp
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import REPO_ROOT, free_port
+from tests.support.gunicorn import Gunicorn, running_gunicorn, service_env, wait_until_live
+from tests.support.processes import free_port
 
-from ..conftest import TEST_SECRETS, chat_body
+from ..conftest import chat_body
 
 pytestmark = pytest.mark.e2e
 
@@ -32,81 +29,24 @@ SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'
 CHAT_PATH = "/v1/chat/completions"
 
 
-@dataclass
-class Gunicorn:
-    process: subprocess.Popen
-    base_url: str
-    metrics_dir: Path
-    log_path: Path
-    token: str
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.token}", "service-type": "ai", "content-type": "application/json"}
-
-
-async def wait_until_live(server: Gunicorn, timeout: float = 20.0) -> int:
-    """Wait until every worker has its signal handlers (gunicorn's `post_worker_init`
-    line), then poll liveness until a worker answers."""
-    deadline = time.monotonic() + timeout
-    while server.output().count("Worker ready") < WORKERS:
-        assert server.process.poll() is None, f"gunicorn exited early:\n{server.output()}"
-        assert time.monotonic() < deadline, f"gunicorn workers did not get ready:\n{server.output()}"
-        await asyncio.sleep(0.05)
-    async with aiohttp.ClientSession() as session:
-        while True:
-            assert server.process.poll() is None, f"gunicorn exited early:\n{server.output()}"
-            try:
-                async with session.get(f"{server.base_url}/health/liveness") as response:
-                    if response.status == 200:
-                        return 1
-            except aiohttp.ClientConnectionError:
-                pass
-            assert time.monotonic() < deadline, f"gunicorn did not start:\n{server.output()}"
-            await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 async def gunicorn(fake_litellm_server, fake_fxa_server, tmp_path) -> AsyncIterator[Gunicorn]:
     (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
     port = free_port()
     metrics_dir = tmp_path / "prometheus"
-    log_path = tmp_path / "gunicorn.log"
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"},
-        **TEST_SECRETS,
-        "PYTHONPATH": str(REPO_ROOT),
-        "PORT": str(port),
-        "GUNICORN_WORKERS": str(WORKERS),
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-        "SHUTDOWN_DRAIN_SECONDS": str(DRAIN_SECONDS),
-        "MLPA_STORE": "memory",
-        "LITELLM_API_BASE": str(litellm_server.make_url("")).rstrip("/"),
-        "FXA_BASE_URL": str(fxa_server.make_url("/v1")),
-        "LOG_LEVEL": "INFO",
-    }
-    log_file: IO[bytes] = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
+    env = service_env(
+        str(litellm_server.make_url("")).rstrip("/"),
+        str(fxa_server.make_url("/v1")),
+        port=port,
+        workers=WORKERS,
+        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
+        SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS),
     )
-    server = Gunicorn(process, f"http://127.0.0.1:{port}", metrics_dir, log_path, fxa.issue_jwt("e2e-user"))
-    try:
+    token = fxa.issue_jwt("e2e-user")
+    async with running_gunicorn(
+        env, port=port, log_path=tmp_path / "gunicorn.log", metrics_dir=metrics_dir, token=token, stop_seconds=15
+    ) as server:
         yield server
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        log_file.close()
 
 
 def requests_per_worker(metrics_dir: Path, endpoint: str) -> dict[int, float]:

@@ -7,65 +7,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from ..conftest import TEST_SECRETS, chat_body
+from tests.support.gunicorn import GUNICORN, json_lines, json_log_env, run_to_exit
 from tests.support.processes import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 
-GUNICORN = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"]
-
-
-def base_env(**extra: str) -> dict[str, str]:
-    known = set(TEST_SECRETS) | {"PROMETHEUS_MULTIPROC_DIR", "MLPA_STORE", "LOG_JSON", "PORT"}
-    return {
-        **{k: v for k, v in os.environ.items() if k not in known},
-        "PYTHONPATH": str(REPO_ROOT),
-        "LOG_JSON": "true",
-        "LOG_LEVEL": "INFO",
-        "GUNICORN_WORKERS": "1",
-        "SHUTDOWN_DRAIN_SECONDS": "1",
-        **extra,
-    }
-
-
-def json_lines(text: str, stream: str) -> list[dict[str, Any]]:
-    events = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            pytest.fail(f"a {stream} line is not JSON: {line!r}\n--- {stream}:\n{text}")
-        assert isinstance(event, dict), line
-        events.append(event)
-    return events
-
-
-def run_to_exit(env: dict[str, str], tmp_path: Path, timeout: float = 30) -> tuple[int, list[dict], list[dict]]:
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        process = subprocess.run(GUNICORN, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, timeout=timeout)
-    return (
-        process.returncode,
-        json_lines(out.read_text(errors="replace"), "stdout"),
-        json_lines(err.read_text(errors="replace"), "stderr"),
-    )
-
-
 async def test_every_line_is_json_from_start_to_stop(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> None:
     (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
     port = free_port()
-    env = base_env(
+    env = json_log_env(
         **TEST_SECRETS,
         PORT=str(port),
         MLPA_STORE="memory",
@@ -114,7 +73,7 @@ async def test_every_line_is_json_from_start_to_stop(fake_litellm_server, fake_f
 
 
 def test_a_configuration_error_is_one_json_message_listing_every_problem(tmp_path: Path) -> None:
-    env = base_env(
+    env = json_log_env(
         PORT=str(free_port()),
         GUNICORN_WORKERS="two",
         MLPA_STORE="redis",
@@ -140,7 +99,7 @@ def test_a_configuration_error_is_one_json_message_listing_every_problem(tmp_pat
 
 
 def test_postgres_down_at_start_is_one_json_message_and_exit_status_3(tmp_path: Path) -> None:
-    env = base_env(**TEST_SECRETS, PORT=str(free_port()), MLPA_STORE="postgres", DB_HOST="127.0.0.1", DB_PORT=str(free_port()))
+    env = json_log_env(**TEST_SECRETS, PORT=str(free_port()), MLPA_STORE="postgres", DB_HOST="127.0.0.1", DB_PORT=str(free_port()))
     status, stdout, stderr = run_to_exit(env, tmp_path)
     assert status == 3  # gunicorn's own status for a worker that failed to boot
     events = stdout + stderr
