@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_demo import assert_demo_streams_a_completion
+from tests.support.processes import assert_demo_streams_a_completion
 
 pytestmark = pytest.mark.e2e
 
