@@ -8,24 +8,22 @@ rendered DOM. Skipped (with the reason) only when no Chromium is installed.
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 import pytest
-from aiohttp.test_utils import TestClient
 
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
 
 from ..browser import CHROMIUM, Page, chromium_page
+from .admin_service import CAPPED, UI_KEY, AdminService, ClientFactory, start_admin_service
 from .conftest import insert_user
-from .test_admin_routes import CAPPED, UI_KEY, AdminService, start_admin_service
 
 if CHROMIUM is None:
     # One line for the module, decided before any fixture (PostgreSQL included) starts.
     pytest.skip("Chromium is not installed (Debian: apt-get install chromium); CI installs it", allow_module_level=True)
 
 pytestmark = pytest.mark.postgres
-ClientFactory = Callable[..., Awaitable[TestClient]]
 
 
 async def open_admin_page(page: Page, url: str) -> None:

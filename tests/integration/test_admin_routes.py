@@ -4,106 +4,43 @@ for `/customer/info`). Exact bodies and statuses per compatibility.md §1.6, D10
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from mlpa_aiohttp import keys
 from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.catalog import ServiceType, service_type_list_text
+from mlpa_aiohttp.catalog import service_type_list_text
 from mlpa_aiohttp.routes.admin import UndeclaredAdminAccess, declared_access_app
-from mlpa_aiohttp.settings import AuthSettings, PostgresSettings, Settings, SignupCapSettings, UpstreamSettings
-from mlpa_aiohttp.store.base import UserStore
-from mlpa_aiohttp.store.memory import MemoryUserStore
+from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
 from tests.support.postgres import ThrowawayPostgres
-from tests.support.store_seeding import add_memory_row
 
-from .conftest import insert_user
+from .admin_service import (
+    CAPPED,
+    MASTER,
+    MASTER_KEY,
+    UI,
+    UI_KEY,
+    UNAUTHORIZED,
+    AdminService,
+    AdminServiceFactory,
+    ClientFactory,
+    ServerFactory,
+    admin_settings,
+    fake_customer_info,
+    start_admin_service,
+)
 
 pytestmark = pytest.mark.postgres
-
-MASTER_KEY = "sk-master-test"
-UI_KEY = "sk-ui-test"
-MASTER = {"master_key": f"Bearer {MASTER_KEY}"}
-UI = {"mlpa_ui_access_key": f"Bearer {UI_KEY}"}
-UNAUTHORIZED = {"detail": {"error": "Unauthorized"}}
-CAPPED = frozenset({ServiceType.AI, ServiceType.MEMORIES})
-
-ClientFactory = Callable[..., Awaitable[TestClient]]
-ServerFactory = Callable[..., Awaitable[TestServer]]
-
-
-def admin_settings(
-    api_base: str, *, store: str = "memory", postgres: PostgresSettings | None = None, enforce: bool = True
-) -> Settings:
-    return Settings(
-        upstream=UpstreamSettings(api_base=api_base, master_key=MASTER_KEY),
-        auth=AuthSettings(ui_access_key=UI_KEY),
-        signup_cap=SignupCapSettings(enforce=enforce, max_signed_in_users=500, capped_service_types=CAPPED),
-        store=store,
-        postgres=postgres if postgres is not None else PostgresSettings(),
-    )
-
-
-async def fake_customer_info(request: web.Request) -> web.Response:
-    """LiteLLM's `/customer/info`, reduced to the cases the route distinguishes."""
-    if request.headers.get("Authorization") != f"Bearer {MASTER_KEY}":
-        return web.json_response({"error": "auth"}, status=401)
-    user_id = request.query["end_user_id"]
-    if user_id == "explodes:ai":
-        return web.json_response({"error": "boom"}, status=500)
-    if user_id == "gone:ai":
-        return web.json_response({"error": "nope"}, status=404)
-    if user_id == "empty:ai":
-        return web.json_response({})
-    if user_id.startswith("unknown"):
-        return web.json_response({"detail": "User not found"})  # LiteLLM's real answer
-    return web.json_response({"user_id": user_id, "spend": 0.25, "blocked": False, "litellm_budget_table": None})
-
 
 @pytest.fixture
 async def litellm(aiohttp_server: ServerFactory) -> TestServer:
     app = web.Application()
     app.router.add_get("/customer/info", fake_customer_info)
     return await aiohttp_server(app)
-
-
-@dataclass
-class AdminService:
-    """The service under test, its own store, and the test-only way to seed that store."""
-
-    client: TestClient
-    store: UserStore
-    add_user: Callable[..., Awaitable[None]]
-
-
-async def start_admin_service(
-    aiohttp_client: ClientFactory, api_base: str, *, pools: Pools | None, pg_settings: PostgresSettings | None, **options: Any
-) -> AdminService:
-    """The service on the memory store, or on PostgreSQL when given `pools` (emptied by
-    their fixture before the app starts; the app seeds budgets and the capacity row at
-    startup, as in production)."""
-    store_kind = "memory" if pools is None else "postgres"
-    app = create_app(admin_settings(api_base, store=store_kind, postgres=pg_settings, **options))
-    client = await aiohttp_client(app)
-    store = app[keys.STORE]
-
-    async def add_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
-        if pools is not None:
-            await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
-        else:
-            assert isinstance(store, MemoryUserStore)
-            add_memory_row(store, user_id, budget_id, blocked=blocked)
-
-    return AdminService(client, store, add_user)
-
-
-AdminServiceFactory = Callable[..., Awaitable[AdminService]]
 
 
 @pytest.fixture(params=["memory", "postgres"])
