@@ -398,6 +398,13 @@ class PostgresSettings:
     # None (or 0 in the variable): asyncpg's calls have no client-side timeout.
     command_timeout_s: float | None = variable("PG_COMMAND_TIMEOUT_S", None, minimum=0.0, normalize=_zero_means_none)
 
+    def connection_environ(self) -> dict[str, str]:
+        """The variables that name this server and its two databases, as this class reads
+        them: for a process that must reach the same databases (the dev stack's exports)."""
+        wanted = ("host", "port", "username", "password", "litellm_db_name", "app_attest_db_name")
+        by_field = {spec.name: spec.metadata[_VARIABLE].name for spec in fields(self)}
+        return {by_field[name]: str(getattr(self, name)) for name in wanted}
+
 
 @dataclass(frozen=True, slots=True)
 class AppAttestSettings:

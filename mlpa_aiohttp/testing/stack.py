@@ -131,12 +131,7 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
             "MLPA_UI_ACCESS_KEY": f"sk-ui-{secrets.token_hex(12)}",
             "MLPA_ACCESS_TOKEN_SECRET": secrets.token_urlsafe(48),
             "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": secrets.token_urlsafe(24),
-            "DB_HOST": pg.host,
-            "DB_PORT": str(pg.port),
-            "DB_USERNAME": pg.username,
-            "DB_PASSWORD": pg.password,
-            "LITELLM_DB_NAME": pg.litellm_db_name,
-            "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
+            **pg.connection_environ(),
             TOKEN_VARIABLE: token,
         }
         text = _exports(exports)

@@ -272,12 +272,4 @@ class LiteLLMTableCustomerCreator:
 
 def database_environ(pg: PostgresSettings) -> dict[str, str]:
     """The service's variables for the PostgreSQL store on `pg` (a test server's settings)."""
-    return {
-        "MLPA_STORE": "postgres",
-        "DB_HOST": pg.host,
-        "DB_PORT": str(pg.port),
-        "DB_USERNAME": pg.username,
-        "DB_PASSWORD": pg.password,
-        "LITELLM_DB_NAME": pg.litellm_db_name,
-        "APP_ATTEST_DB_NAME": pg.app_attest_db_name,
-    }
+    return {"MLPA_STORE": "postgres", **pg.connection_environ()}

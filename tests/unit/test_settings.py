@@ -14,6 +14,7 @@ from mlpa_aiohttp.settings import (
     FXA_PRODUCTION_URL,
     FXA_STAGE_URL,
     FxASettings,
+    PostgresSettings,
     ServerSettings,
     Settings,
     SettingsError,
@@ -157,3 +158,10 @@ def test_invalid_values_fall_back_to_the_field_default_when_read_leniently() -> 
     with pytest.raises(SettingsError) as raised:
         Settings.from_environ(environ, check_secrets=False)
     assert raised.value.problems == reading.problems
+
+
+def test_connection_environ_reads_back_as_the_same_databases() -> None:
+    pg = PostgresSettings(host="db.internal", port=6543, username="mlpa", password="s3cret", litellm_db_name="ll", app_attest_db_name="aa")
+    read = Settings.from_environ({**TEST_SECRETS, **pg.connection_environ()}).postgres
+    names = ("host", "port", "username", "password", "litellm_db_name", "app_attest_db_name")
+    assert [getattr(read, name) for name in names] == [getattr(pg, name) for name in names]
