@@ -31,6 +31,7 @@ from . import headers as header_names
 from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability.labels import clamp_method, major_firefox_version
+from .observability import log_context
 from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")
@@ -55,8 +56,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     request_id = incoming_id if _REQUEST_ID.match(incoming_id) else uuid.uuid4().hex
     route = route_label(request)
     headers = request.headers
-    structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(
+    log_context.begin(
         request_id=request_id,
         method=request.method,
         route=route,
@@ -96,8 +96,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             metrics.request_latency.labels(method, route).observe(elapsed)
         log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path, **ending_fields)
         # No clearing afterwards: aiohttp runs each request's handler in a task of its own,
-        # whose copy of the context ends with it (clearing set each of the ~20 bound
-        # variables once more, per request).
+        # whose copy of the context ends with it.
 
 
 def _json_error(status: int, body: object, headers: dict[str, str] | None = None) -> web.Response:

@@ -16,6 +16,7 @@ from typing import Any, MutableMapping, Sequence, TextIO
 import structlog
 
 from ..wire import loggable
+from . import log_context
 from .redaction import NEVER_LOGGED
 
 # Keys whose values never reach a log line, at any depth of the event (redaction.py).
@@ -57,7 +58,7 @@ def escape_unprintable(_: Any, __: str, event: MutableMapping[str, Any]) -> Muta
 
 def _shared_processors() -> list[Any]:
     return [
-        structlog.contextvars.merge_contextvars,
+        log_context.merge_fields,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import structlog
 
 from ..errors import Classification
+from ..observability import log_context
 from ..observability.metrics import Metrics
 from ..upstream.routing import RoutingInfo
 
@@ -47,7 +47,7 @@ class CompletionOutcome:
         m = self._metrics
         m.completion_latency.labels(result, model_label, self.service_type, self.purpose).observe(elapsed)
         m.chat_availability(availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose)
-        structlog.contextvars.bind_contextvars(result=result, completion_seconds=round(elapsed, 4))
+        log_context.bind(result=result, completion_seconds=round(elapsed, 4))
 
     def succeeded(self, usage: Usage, routing: RoutingInfo) -> None:
         # Success-side metrics use the real (validated) model name, failures the clamp.
@@ -72,7 +72,7 @@ class CompletionOutcome:
         for kind, count in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
             if count > 0:
                 m.routed_tokens.labels(kind, *routed, routing.fallback_used).inc(count)
-        structlog.contextvars.bind_contextvars(
+        log_context.bind(
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
             tool_calls=usage.tool_calls,
@@ -107,7 +107,7 @@ class CompletionOutcome:
         for token_type, count in counts:
             if count > 0:
                 self._metrics.aborted_stream_tokens.labels(token_type, *labels).inc(count)
-        structlog.contextvars.bind_contextvars(
+        log_context.bind(
             aborted_completion_tokens=counts[-1][1], aborted_tokens_kind=kind
         )
 

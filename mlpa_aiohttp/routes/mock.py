@@ -11,7 +11,6 @@ import asyncio
 import json
 from typing import Any, Mapping
 
-import structlog
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
@@ -20,6 +19,7 @@ from ..auth.dispatch import bearer_token
 from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
 from ..errors import AuthRejected, RequestInvalid
 from ..models import ChatRequest, parse_chat_body
+from ..observability import log_context
 from ..settings import ServerSettings
 from ..validation import Problem
 from .proxy import authorize_chat
@@ -77,7 +77,7 @@ async def mock_chat_completions_no_auth(request: web.Request) -> web.StreamRespo
         raise AuthRejected(f"JWT verification failed: {exc}") from None
 
     user_id = f"{identity.uid}:{service_type}"
-    structlog.contextvars.bind_contextvars(user=user_id, service_type=service_type, model=chat.model)
+    log_context.bind(user=user_id, service_type=service_type, model=chat.model)
     await request.app[keys.PROVISIONER].provision(user_id)
     return await _canned_reply(request, chat)
 

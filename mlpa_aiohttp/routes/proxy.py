@@ -17,6 +17,7 @@ from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
 from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
+from ..observability import log_context
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
 from ..principal import Principal
@@ -34,7 +35,7 @@ SEARCH_MODEL_LABEL = "exa-search"
 
 
 def _bind_principal(principal: Principal) -> None:
-    structlog.contextvars.bind_contextvars(
+    log_context.bind(
         user=principal.user_id,
         service_type=principal.service_type,
         purpose=principal.purpose or "-",
@@ -98,7 +99,7 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     raw_body = await read_body(request)
     rules, metrics = request.app[keys.REQUEST_RULES], request.app[keys.METRICS]
     headers, chat = rules.parse_chat(raw_body, request.headers)
-    structlog.contextvars.bind_contextvars(model=chat.model)
+    log_context.bind(model=chat.model)
     labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip())
     with refusals_recorded(metrics, labels):
         check_model_name(chat.model)
