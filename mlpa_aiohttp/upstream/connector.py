@@ -1,4 +1,14 @@
-"""The upstream connector: aiohttp's TCPConnector without a thread hop per new connection.
+"""The upstream connector: aiohttp's TCPConnector that tells a request whether its
+connection came from the pool, and makes new connections without a thread hop.
+
+Pooled or new (`PoolAwareConnector`, public API only): the stale keep-alive re-send
+(upstream/litellm.py) is only safe on a *reused* connection. aiohttp reports reuse through a
+`TraceConfig`, but a session with one traces every request through about ten signals (a
+params object and an await each), 4 % of a new stream's instructions (callgrind). Instead
+the connector's `connect` notes it on the `ConnectionUse` the request's task set
+(`watching_connection`), a context variable: the caller reads it when the request failed.
+
+The thread hop (`DirectConnector`):
 
 aiohttp connects through aiohappyeyeballs, which calls `loop.sock_connect(sock, address)`
 with an address that is already numeric. uvloop's `sock_connect` resolves it once more with
@@ -24,6 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -37,14 +51,38 @@ _OVERRIDDEN_PARAMETERS = ("addr_infos", "req", "timeout", "client_error")
 _READ_ATTRIBUTES = ("_local_addr_infos", "_socket_factory", "_loop")
 
 
-def make_connector(*, version: str | None = None, **kwargs: Any) -> aiohttp.TCPConnector:
+class ConnectionUse:
+    """What one request's connection was; set by the connector once it has one."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+_CONNECTION_USE: ContextVar[ConnectionUse | None] = ContextVar("mlpa_upstream_connection_use", default=None)
+
+
+@contextmanager
+def watching_connection() -> Iterator[ConnectionUse]:
+    """Around one request: what its connection was (through a `PoolAwareConnector`)."""
+    use = ConnectionUse()
+    token = _CONNECTION_USE.set(use)
+    try:
+        yield use
+    finally:
+        _CONNECTION_USE.reset(token)
+
+
+def make_connector(*, version: str | None = None, **kwargs: Any) -> PoolAwareConnector:
     """A `DirectConnector` if the running aiohttp (`version` stands in for it in tests)
-    allows it, else aiohttp's own `TCPConnector`; `kwargs` are TCPConnector's."""
+    allows it, else a `PoolAwareConnector` (aiohttp's own connection path); `kwargs` are
+    TCPConnector's."""
     connector = DirectConnector(**kwargs)
-    if fence("direct upstream connector", missing_internals(aiohttp.TCPConnector, connector), version=version):
+    if fence("direct upstream connector", missing_internals(PoolAwareConnector, connector), version=version):
         return connector
     # Nothing was opened yet: the unused connector holds no connection to close.
-    return aiohttp.TCPConnector(**kwargs)
+    return PoolAwareConnector(**kwargs)
 
 
 def missing_internals(base: type, connector: object) -> list[str]:
@@ -57,7 +95,25 @@ def missing_internals(base: type, connector: object) -> list[str]:
     return missing + [f"_wrap_create_connection({name}=)" for name in _OVERRIDDEN_PARAMETERS if name not in parameters]
 
 
-class DirectConnector(aiohttp.TCPConnector):
+class PoolAwareConnector(aiohttp.TCPConnector):
+    """Notes on the request's `ConnectionUse` whether the connection it got had served
+    a request before (a connection is handed out once per request it serves)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        connection = await super().connect(req, traces, timeout)
+        protocol = connection.protocol
+        use = _CONNECTION_USE.get()
+        if use is not None:
+            use.reused = protocol in self._handed_out
+        self._handed_out.add(protocol)
+        return connection
+
+
+class DirectConnector(PoolAwareConnector):
     async def _wrap_create_connection(  # type: ignore[override]
         self,
         *args: Any,

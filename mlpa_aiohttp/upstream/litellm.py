@@ -21,19 +21,9 @@ from aiohttp import hdrs
 from ..observability.metrics import Metrics
 from ..settings import UpstreamSettings
 from .bodies import UpstreamBody
-from .connector import make_connector
+from .connector import make_connector, watching_connection
 
 log = structlog.get_logger(__name__)
-
-_REUSED = "reused_connection"
-
-
-async def _flag_reused_connection(
-    session: aiohttp.ClientSession, ctx: Any, params: aiohttp.TraceConnectionReuseconnParams
-) -> None:
-    if isinstance(ctx.trace_request_ctx, dict):
-        ctx.trace_request_ctx[_REUSED] = True
-
 
 def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
     """The shared session: high connector limit (the default 100 silently queues the
@@ -48,8 +38,6 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
         limit_per_host=0,
         keepalive_timeout=settings.keepalive_timeout_seconds,
     )
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_reuseconn.append(_flag_reused_connection)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(
@@ -57,7 +45,6 @@ def open_session(settings: UpstreamSettings) -> aiohttp.ClientSession:
             sock_connect=settings.connect_timeout_seconds,
             sock_read=settings.streaming_timeout_seconds,
         ),
-        trace_configs=[trace],
         read_bufsize=UPSTREAM_READ_BUFFER_BYTES,
         cookie_jar=aiohttp.DummyCookieJar(),
     )
@@ -266,21 +253,20 @@ class LiteLLMClient:
         aiohttp never retries it itself; in this window the upstream never saw a request.
         With `resends` (the retrying caller's list) the re-send is noted there instead of
         logged, so that caller logs one line for the request."""
-        trace_ctx: dict[str, bool] = {}
-        try:
-            return await self._session.post(
-                url, data=body, headers=self._virtual_headers, timeout=timeout, trace_request_ctx=trace_ctx
-            )
-        except aiohttp.ClientConnectorError:
-            raise
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if not trace_ctx.get(_REUSED):
+        with watching_connection() as connection:
+            try:
+                return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
+            except aiohttp.ClientConnectorError:
                 raise
-            self._count_resend("stale_connection")
-            if resends is None:
-                log.info("upstream_stale_connection_retry", error=type(exc).__name__)
-            else:
-                resends.append("stale_connection")
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if not connection.reused:
+                    raise
+                error = type(exc).__name__
+        self._count_resend("stale_connection")
+        if resends is None:
+            log.info("upstream_stale_connection_retry", error=error)
+        else:
+            resends.append("stale_connection")
         return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
 
     # -- admin calls (master key) ----------------------------------------------------
