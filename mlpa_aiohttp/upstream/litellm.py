@@ -12,7 +12,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import aiohttp
 import structlog

@@ -403,3 +403,26 @@ async def test_signup_capacity_gauges_are_read_at_scrape_time(make_service: Serv
     }
     assert (await service.chat()).status == 200  # a new user of a capped service type takes a slot
     assert (await scraped())["mlpa_signup_capacity_current_identities"] == 1.0
+
+
+def test_labelled_children_are_remembered_without_changing_the_series() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from mlpa_aiohttp.observability.metrics import Metrics
+
+    metrics = Metrics(CollectorRegistry())
+    first = metrics.status_codes.labels("200")
+    assert metrics.status_codes.labels("200") is first
+    # A value given as a number names the same series as its text, as in prometheus-client.
+    metrics.status_codes.labels(200).inc()
+    first.inc()
+    metrics.status_codes.labels(status_code="200").inc()
+    text = generate_latest(metrics.registry).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    [series] = [s for s in families["mlpa_response_status_codes"].samples if s.name.endswith("_total")]
+    assert (series.labels, series.value) == ({"status_code": "200"}, 3.0)
+    # Removed children are forgotten: the next one starts from zero.
+    metrics.status_codes.remove("200")
+    assert metrics.status_codes.labels("200") is not first
+    metrics.status_codes.clear()
+    assert "mlpa_response_status_codes_total{" not in generate_latest(metrics.registry).decode()
