@@ -237,8 +237,9 @@ def parse_chat_body(raw: bytes, errors: list[Problem]) -> ChatRequest | None:
     body = validate_json_body(ChatBody, raw, errors)
     if body is None:
         return None
-    # getattr, not model_dump: dumping would copy every message, for nothing.
-    return ChatRequest({name: value for name in CHAT_FIELDS if (value := getattr(body, name)) is not None})
+    # The instance's field values as they are (model_dump would copy every message, and 22
+    # getattr calls cost twice this); extra="ignore" keeps anything but the fields out.
+    return ChatRequest({name: value for name, value in body.__dict__.items() if value is not None})
 
 
 def check_model_name(model: str) -> None:

@@ -66,13 +66,18 @@ def search_body(request: SearchRequest, *, user: str, service_type: str, purpose
     )
 
 
+# One encoder for every body (json.dumps with arguments builds one per call). No cycle
+# check: a body is built from decoded JSON and our own values, and JSON has no cycles.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+
+
 def encode_json(value: Any) -> bytes:
     """Compact UTF-8 JSON; lone UTF-16 surrogates (which cannot be encoded) are removed."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = _COMPACT.encode(value)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(strip_surrogates(value), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return _COMPACT.encode(strip_surrogates(value)).encode("utf-8")
 
 
 def strip_surrogates(value: Any, depth: int = 0) -> Any:
