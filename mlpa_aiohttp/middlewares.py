@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -35,6 +36,7 @@ from .observability import log_context
 from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")
+_REQUEST_LINES = logging.getLogger("mlpa_aiohttp.request")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -86,9 +88,6 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         elapsed = time.monotonic() - started
         metrics.in_progress.dec()
         method = clamp_method(request.method)
-        event, cancelled_status, ending_fields = request_line(request, cancelled=cancelled)
-        if cancelled_status is not None:
-            status = cancelled_status
         if not cancelled:  # else no response was completed
             metrics.requests.labels(
                 method,
@@ -99,7 +98,11 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
             metrics.request_latency.labels(method, route).observe(elapsed)
-        log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path, **ending_fields)
+        if _REQUEST_LINES.isEnabledFor(logging.INFO):  # else nothing below builds anything
+            event, cancelled_status, ending_fields = request_line(request, cancelled=cancelled)
+            if cancelled_status is not None:
+                status = cancelled_status
+            log.info(event, status=status, duration_ms=round(elapsed * 1000, 2), path=request.path, **ending_fields)
         # No clearing afterwards: aiohttp runs each request's handler in a task of its own,
         # whose copy of the context ends with it.
 
