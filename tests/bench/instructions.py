@@ -4,6 +4,7 @@ time on this shared machine moves 10-30 % between rounds.
     PYTHONPATH=. python -m tests.bench.instructions                      # bare relay, service
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
     PYTHONPATH=. python -m tests.bench.instructions --ablate parse,auth,body,outcome,context,metrics
+    PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
 
 Each target runs under `valgrind --tool=callgrind --instr-atstart=no` (the service as
 `python -m mlpa_aiohttp serve`, the same app a gunicorn worker runs, with the bench's
@@ -80,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--baseline-ref", help="also count the service from this commit's tree")
     parser.add_argument("--ablate", default="", help="comma-separated steps, each a target of its own; a+b for both")
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for every service target (e.g. LOG_LEVEL=info: the default, every line written)")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("valgrind (with callgrind_control) is needed")
@@ -92,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def service(name: str, root: Path, ablate: str = "") -> None:
             port = free_port()
             env = _service_env(port, upstream, fxa, root)
+            env.update(item.split("=", 1) for item in args.service_env)
             if ablate:
                 env["PYTHONPATH"] = f"{ABLATIONS_DIR}:{env['PYTHONPATH']}"
                 env["MLPA_BENCH_ABLATE"] = ablate.replace("+", ",")

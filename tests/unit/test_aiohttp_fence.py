@@ -12,7 +12,7 @@ import pytest
 
 from mlpa_aiohttp import aiohttp_internals, keys
 from mlpa_aiohttp.relay import fast_path
-from mlpa_aiohttp.upstream.connector import DirectConnector, make_connector, missing_internals
+from mlpa_aiohttp.upstream.connector import DirectConnector, PoolAwareConnector, make_connector, missing_internals
 from tests.conftest import chat_body, events
 
 LOWEST = ".".join(map(str, aiohttp_internals.TESTED_LOWEST))
@@ -74,7 +74,9 @@ async def test_the_connector_falls_back_to_aiohttps_own_outside_the_range(caplog
     fenced = make_connector(version="3.15.0", limit=5)
     try:
         assert type(direct) is DirectConnector
-        assert type(fenced) is aiohttp.TCPConnector and fenced.limit == 5
+        # aiohttp's own connection path; only the public `connect` is extended (pooled or new).
+        assert type(fenced) is PoolAwareConnector and fenced.limit == 5
+        assert PoolAwareConnector._wrap_create_connection is aiohttp.TCPConnector._wrap_create_connection
         [line] = events(caplog, "aiohttp_internals_fenced_off")
         assert (line["use"], line["aiohttp_version"]) == ("direct upstream connector", "3.15.0")
     finally:
