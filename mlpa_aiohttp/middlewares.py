@@ -31,8 +31,8 @@ from aiohttp import hdrs, web
 from . import headers as header_names
 from . import keys
 from .errors import ApiError, PayloadTooLarge
-from .observability.labels import clamp_method, major_firefox_version
 from .observability import log_context
+from .observability.labels import clamp_method, major_firefox_version
 from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")

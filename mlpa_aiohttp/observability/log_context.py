@@ -30,11 +30,6 @@ def bind(**fields: Any) -> None:
     _FIELDS.set({**_FIELDS.get(), **fields})
 
 
-def fields() -> Mapping[str, Any]:
-    """What the current context's lines carry."""
-    return _FIELDS.get()
-
-
 def merge_fields(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: the context's fields, under the event's own of the same name."""
     for key, value in _FIELDS.get().items():

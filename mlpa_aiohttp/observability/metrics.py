@@ -54,6 +54,7 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "concurrent_stream_limit": "excluded",
 }
 
+
 class _RememberedChildren:
     """`labels()` answered from a dict keyed by the values as given. prometheus-client's own
     builds a tuple of `str()` of every value and takes a lock on each call, several times per

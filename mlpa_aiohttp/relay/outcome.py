@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-
 from ..errors import Classification
 from ..observability import log_context
 from ..observability.metrics import Metrics
