@@ -23,7 +23,7 @@ from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceTy
 from mlpa_aiohttp.catalog_file import render_catalog
 
 from ..conftest import TEST_SECRETS, chat_body
-from tests.support.gunicorn import Gunicorn, json_lines, json_log_env, run_to_exit, running_gunicorn, service_env, wait_until_live
+from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, json_lines, json_log_env, run_to_exit, wait_until_live
 from tests.support.processes import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.e2e
@@ -148,21 +148,11 @@ async def gunicorn_with_catalog(
     fake_litellm_server, fake_fxa_server, tmp_path: Path, catalog_file: Path, **extra: str
 ) -> AsyncIterator[Gunicorn]:
     """gunicorn with the catalogue file, every worker ready; stopped (SIGTERM) on the way out."""
-    (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
-    port = free_port()
-    env = service_env(
-        str(litellm_server.make_url("")).rstrip("/"),
-        str(fxa_server.make_url("/v1")),
-        port=port,
-        workers=WORKERS,
+    async with gunicorn_on_fakes(
+        fake_litellm_server, fake_fxa_server, workers=WORKERS, user="hup-user", log_path=tmp_path / "gunicorn.log",
+        metrics_dir=tmp_path, stop_seconds=30,
         # Old workers drain for up to this long after the HUP: longer than any stream here.
-        SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS),
-        MLPA_CATALOG_FILE=str(catalog_file),
-        **extra,
-    )
-    token = fxa.issue_jwt("hup-user")
-    async with running_gunicorn(
-        env, port=port, log_path=tmp_path / "gunicorn.log", metrics_dir=tmp_path, token=token, stop_seconds=30
+        SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS), MLPA_CATALOG_FILE=str(catalog_file), **extra,
     ) as server:
         await wait_until_live(server)
         yield server

@@ -16,8 +16,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.gunicorn import Gunicorn, running_gunicorn, service_env, wait_until_live
-from tests.support.processes import free_port
+from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, wait_until_live
 
 from ..conftest import chat_body
 
@@ -31,20 +30,11 @@ CHAT_PATH = "/v1/chat/completions"
 
 @pytest.fixture
 async def gunicorn(fake_litellm_server, fake_fxa_server, tmp_path) -> AsyncIterator[Gunicorn]:
-    (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
-    port = free_port()
     metrics_dir = tmp_path / "prometheus"
-    env = service_env(
-        str(litellm_server.make_url("")).rstrip("/"),
-        str(fxa_server.make_url("/v1")),
-        port=port,
-        workers=WORKERS,
-        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir),
-        SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS),
-    )
-    token = fxa.issue_jwt("e2e-user")
-    async with running_gunicorn(
-        env, port=port, log_path=tmp_path / "gunicorn.log", metrics_dir=metrics_dir, token=token, stop_seconds=15
+    async with gunicorn_on_fakes(
+        fake_litellm_server, fake_fxa_server, workers=WORKERS, user="e2e-user", log_path=tmp_path / "gunicorn.log",
+        metrics_dir=metrics_dir, stop_seconds=15,
+        PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), SHUTDOWN_DRAIN_SECONDS=str(DRAIN_SECONDS),
     ) as server:
         yield server
 

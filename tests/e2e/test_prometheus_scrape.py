@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import IO, Any, AsyncIterator
 import aiohttp
 import pytest
 
-from tests.support.processes import free_port
+from tests.support.processes import free_port, stop_process
 
 from ..conftest import TEST_SECRETS, chat_body
 
@@ -42,14 +41,6 @@ JOB = "mlpa"  # the scrape job the shipped rules select
 DEADLINE_SECONDS = 40
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def wait_for(what: str, check, deadline: float, log: Path) -> Any:
@@ -97,7 +88,7 @@ async def service(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> Async
         await wait_for("both gunicorn workers", workers_ready, deadline, log_path)
         yield f"http://127.0.0.1:{port}", fxa.issue_jwt("prometheus-user"), log_path
     finally:
-        stop(process)
+        stop_process(process)
         log_file.close()
 
 
@@ -130,7 +121,7 @@ async def prometheus(service: tuple[str, str, Path], tmp_path: Path) -> AsyncIte
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            stop(process)
+            stop_process(process)
             # Asserted here, after the stop, so the log is whole: the rules loaded without error.
             text = log_path.read_text(errors="replace")
             assert "error loading rules" not in text.lower(), text[-4000:]

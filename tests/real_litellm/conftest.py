@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from aiohttp import web
 
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from tests.support.fake_provider import Behaviour, FakeProvider
+from tests.support.processes import stop_process
 
 from ..conftest import TEST_SECRETS
 
@@ -222,16 +222,6 @@ def warm_up(server: RealLiteLLM) -> None:
         assert response.status == 200, response.read()
 
 
-def stop(process: subprocess.Popen, timeout: float = 15.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 # Package scope, like everything here: LiteLLM, its in-process fakes and the service stop
 # with these tests (LiteLLM's background calls must not land in a later test's process).
 @pytest.fixture(scope="package")
@@ -288,7 +278,7 @@ def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iter
         warm_up(server)
         yield server
     finally:
-        stop(process)
+        stop_process(process)
         log_file.close()
 
 
@@ -314,7 +304,7 @@ def start_service(command: list[str], env: dict[str, str], log_path: Path, fakes
     log_file.close()  # the child holds its own descriptor
     service = Service(process, f"http://127.0.0.1:{env['PORT']}", log_path, fakes.fxa)
     if not wait_for_http(f"{service.base_url}/health/liveness", process, 30.0):
-        stop(process)
+        stop_process(process)
         raise AssertionError(f"the service did not start:\n{service.log()[-3000:]}")
     return service
 
@@ -330,4 +320,4 @@ def served(real_litellm: RealLiteLLM, fakes: Fakes, tmp_path_factory: pytest.Tem
     try:
         yield service
     finally:
-        stop(service.process)
+        stop_process(service.process)

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fake_provider import PROMPT_TOKENS, REPLY_WORDS, Behaviour
+from tests.support.processes import stop_process
 
-from .conftest import MASTER_KEY, NOT_INSTALLED, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, litellm_executable, service_env, start_service, stop
+from .conftest import MASTER_KEY, NOT_INSTALLED, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, litellm_executable, service_env, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -224,4 +225,4 @@ async def test_gunicorn_streams_through_litellm(real_litellm: RealLiteLLM, fakes
         status, _, body = await post(service, chat("ratelimit-model"))
         assert (status, json.loads(body)) == (429, {"detail": {"error": 2}})
     finally:
-        stop(service.process)
+        stop_process(service.process)

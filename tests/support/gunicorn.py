@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import TEST_SECRETS
-from tests.support.processes import REPO_ROOT
+from tests.support.processes import REPO_ROOT, free_port, stop_process
 
 GUNICORN = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"]
 
@@ -70,13 +69,25 @@ async def running_gunicorn(
         try:
             yield server
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=stop_seconds)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process, stop_seconds)
+
+
+@contextlib.asynccontextmanager
+async def gunicorn_on_fakes(
+    fake_litellm_server: Any, fake_fxa_server: Any, *, workers: int, user: str, log_path: Path, metrics_dir: Path,
+    stop_seconds: float, **extra: str,
+) -> AsyncIterator[Gunicorn]:
+    """gunicorn on a free port against the test fakes (the fixtures of the same names), with
+    `extra` in its environment and a token the fake FxA issued for `user`."""
+    (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server
+    port = free_port()
+    env = service_env(
+        str(litellm_server.make_url("")).rstrip("/"), str(fxa_server.make_url("/v1")), port=port, workers=workers, **extra
+    )
+    async with running_gunicorn(
+        env, port=port, log_path=log_path, metrics_dir=metrics_dir, token=fxa.issue_jwt(user), stop_seconds=stop_seconds
+    ) as server:
+        yield server
 
 
 async def wait_until_live(server: Gunicorn, timeout: float = 20.0) -> int:

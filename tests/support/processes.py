@@ -24,6 +24,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `timeout` seconds; nothing if it
+    already exited."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 @contextlib.contextmanager
 def running_demo(env: Mapping[str, str], cwd: str | None = None) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`python -m mlpa_aiohttp demo` on a free port, its stdout and stderr merged into one
