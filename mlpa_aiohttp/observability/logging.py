@@ -38,33 +38,54 @@ def _redact(value: Any, depth: int) -> Any:
     return value
 
 
-def redact_sensitive(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for key in list(event):
-        if key.lower() in REDACTED_KEYS:
-            event[key] = REDACTED
-        elif isinstance(event[key], (dict, list, tuple)):
-            event[key] = _redact(event[key], 1)
+_CONTAINERS = (dict, list, tuple)
+
+
+def scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Every field named in REDACTED_KEYS hidden, in any letter case and at any depth;
+    client-supplied text (a User-Agent with obs-text bytes, a model name with a control
+    character) escaped, so it can neither break the writer's UTF-8 encoding nor forge
+    terminal output.
+
+    This runs for every line, and a request's line has some 25 fields: the values are
+    looked at once, the names in two whole-event operations when (as on every line of
+    ours) they are their own lowercase and none is redacted."""
+    for key, value in event.items():
+        kind = type(value)
+        if kind is str:
+            if not value.isprintable():
+                event[key] = loggable(value)
+        elif kind is not int and kind is not float and isinstance(value, _CONTAINERS):
+            event[key] = _redact(value, 1)
+    names = event.keys()
+    joined = "".join(names)
+    if not names.isdisjoint(REDACTED_KEYS) or joined.lower() != joined:
+        for key in names:
+            if key.lower() in REDACTED_KEYS:
+                event[key] = REDACTED
     return event
 
 
-def escape_unprintable(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Client-supplied text (a User-Agent with obs-text bytes, a model name with a control
-    character) must neither break the writer's UTF-8 encoding nor forge terminal output."""
-    for key, value in event.items():
-        if type(value) is str and not value.isprintable():
-            event[key] = loggable(value)
+# structlog's method names that are not the level's own (`add_log_level` maps them too).
+_LEVEL_ALIASES = {"warn": "warning", "exception": "error"}
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def stamp(logger: Any, method_name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The level, the logger's name and the time, as structlog's `add_log_level`,
+    `add_logger_name` and `TimeStamper(fmt="iso", utc=True)` write them, in one step."""
+    event["level"] = _LEVEL_ALIASES.get(method_name, method_name)
+    record = event.get("_record")
+    event["logger"] = record.name if record is not None else logger.name
+    event["timestamp"] = _utc_now()
     return event
 
 
 def _shared_processors() -> list[Any]:
-    return [
-        log_context.merge_fields,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        redact_sensitive,
-        escape_unprintable,
-    ]
+    return [log_context.merge_fields, stamp, scrub]
 
 
 # What a person scans first on a console line, in this order, after level and event.
@@ -103,20 +124,123 @@ def _console_value(value: Any) -> str:
     return text if text and " " not in text else repr(text)
 
 
+def _unserialisable(value: Any) -> str:
+    return repr(value)
+
+
+# One encoder for every line: `json.dumps(..., default=...)` builds a new one per call.
+# Its output is `json.dumps`'s (the same separators, ASCII only).
+_encode_json = jsonlib.JSONEncoder(default=_unserialisable).encode
+
+
+def render_json(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
+    return _encode_json(event)
+
+
+class EventRecord(logging.LogRecord):
+    """A structlog event on its way to the standard library's handlers: `msg` is the
+    event's finished dict (context merged, stamped, scrubbed). `LineFormatter` renders it
+    as it is; the standard library's handlers, pytest's `caplog` and Sentry's logging
+    integration see an ordinary record."""
+
+
+class EventWriter:
+    """The logger at the end of the structlog chain: one record per event, handed to the
+    standard-library logger of the same name, its handlers and filters.
+
+    structlog's `stdlib.LoggerFactory` goes through `Logger._log`, which walks the stack
+    for the caller's file and line (no line of ours shows them), and `ProcessorFormatter`
+    then copies the record; a request's line paid for both."""
+
+    __slots__ = ("_logger", "name")
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self.name = logger.name
+
+    # What structlog's `filter_by_level` reads.
+    @property
+    def disabled(self) -> bool:
+        return self._logger.disabled
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - the stdlib's name
+        return self._logger.isEnabledFor(level)
+
+    def getEffectiveLevel(self) -> int:  # noqa: N802
+        return self._logger.getEffectiveLevel()
+
+    def _write(self, level: int, event: dict[str, Any]) -> None:
+        self._logger.handle(EventRecord(self.name, level, _NO_SOURCE, 0, event, None, None))
+
+    def debug(self, event: dict[str, Any]) -> None:
+        self._write(logging.DEBUG, event)
+
+    def info(self, event: dict[str, Any]) -> None:
+        self._write(logging.INFO, event)
+
+    def warning(self, event: dict[str, Any]) -> None:
+        self._write(logging.WARNING, event)
+
+    def error(self, event: dict[str, Any]) -> None:
+        self._write(logging.ERROR, event)
+
+    def critical(self, event: dict[str, Any]) -> None:
+        self._write(logging.CRITICAL, event)
+
+
+_NO_SOURCE = "(unknown file)"
+
+
+def write_events(*names: Any) -> EventWriter:
+    """structlog's logger factory: `structlog.get_logger(name)` writes through the
+    standard-library logger `name`."""
+    return EventWriter(logging.getLogger(names[0] if names else None))
+
+
+def hand_to_writer(_: Any, __: str, event: MutableMapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The chain's last step: the event dict as the writer's one argument (a dict returned
+    as it is would be spread into keyword arguments, a copy)."""
+    return (event,), {}
+
+
+class LineFormatter(logging.Formatter):
+    """The formatter of every line. A structlog event (`EventRecord`) arrives finished and is
+    only rendered; any other record (aiohttp, asyncio, gunicorn, asyncpg) goes through
+    structlog's `ProcessorFormatter` with the same steps first, so every line has one shape."""
+
+    def __init__(self, render: Any) -> None:
+        super().__init__()
+        self._render = render
+        self._foreign = structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=_shared_processors(),
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.StackInfoRenderer(),
+                structlog.processors.format_exc_info,
+                render,
+            ],
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        if type(record) is not EventRecord:
+            return self._foreign.format(record)
+        # A copy: the renderers take fields out, and a handler after this one (caplog)
+        # reads the event as it was logged.
+        event = dict(record.msg)  # type: ignore[call-overload]
+        if "exc_info" in event or "stack_info" in event:
+            event = _STACK_INFO(None, "", event)
+            event = structlog.processors.format_exc_info(None, "", event)
+        return self._render(None, "", event)  # type: ignore[no-any-return]
+
+
+_STACK_INFO = structlog.processors.StackInfoRenderer()
+
+
 def stdlib_formatter(json: bool = False, colours: bool = False) -> logging.Formatter:
     """The formatter of every line, for the standard-library handler. gunicorn's master
     builds it from `logconfig_dict` (config/gunicorn.conf.py); the entry points through
     `configure_logging`."""
-    renderer: Any = structlog.processors.JSONRenderer() if json else ConsoleLine(colours=colours)
-    return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared_processors(),
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-    )
+    return LineFormatter(render_json if json else ConsoleLine(colours=colours))
 
 
 def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
@@ -131,9 +255,9 @@ def configure_logging(*, level: str = "INFO", json: bool = False) -> None:
         processors=[
             structlog.stdlib.filter_by_level,
             *_shared_processors(),
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            hand_to_writer,
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
+        logger_factory=write_events,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         cache_logger_on_first_use=True,
     )

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python -m tests.bench.admission_cost --rounds 3
     PYTHONPATH=. python -m tests.bench.admission_cost --targets aiohttp-gunicorn,aiohttp-bare --baseline-ref main
+    PYTHONPATH=. python -m tests.bench.admission_cost --service-env LOG_LEVEL=info   # the default level
 
 What `open_streams --phases admission` measures after its burst, without the burst (which
 takes most of that phase's time): per round and target, --held streams open (an event per
@@ -76,8 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held", type=int, default=2000, help="streams open while new ones are admitted")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for every service target (the bench runs LOG_LEVEL=warning unless told)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    service_env = dict(item.split("=", 1) for item in args.service_env)
     names = [x.strip() for x in args.targets.split(",") if x.strip()]
     if args.baseline_ref:
         names += [f"{name}@{args.baseline_ref}" for name in list(names) if name.startswith("aiohttp-") and name != FLOOR]
@@ -85,13 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     raise_open_file_limit()
     work_dir = Path(tempfile.mkdtemp(prefix="mlpa-admission-"))
     say(f"# CPU per new stream ({time.strftime('%Y-%m-%d %H:%M')}, load {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
-        f"{args.held} open, {args.concurrency} new in flight for {args.seconds:g} s, {args.rounds} rounds)")
+        f"{args.held} open, {args.concurrency} new in flight for {args.seconds:g} s, {args.rounds} rounds"
+        f"{'; ' + ' '.join(args.service_env) if args.service_env else ''})")
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with Processes(work_dir) as procs:
         fxa = start_fake_fxa(procs)
         upstream = start_paced_upstream(procs, ttft=0.0, chunks=90, interval=1.0)
         baselines = {args.baseline_ref: export_tree(args.baseline_ref, work_dir)} if args.baseline_ref else {}
-        targets = [start_target(procs, name, upstream_port=upstream, fxa_port=fxa, work_dir=work_dir, baselines=baselines)
+        targets = [start_target(procs, name, upstream_port=upstream, fxa_port=fxa, work_dir=work_dir, baselines=baselines,
+                                service_env=service_env)
                    for name in names]
         for round_index in range(args.rounds):
             shift = round_index % len(targets)

@@ -1,0 +1,184 @@
+"""What a line holds: structlog events and the standard library's records through one
+formatter, tracebacks included, and `scrub` held to the plain two-pass rule it replaced."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from typing import Any, Iterator
+
+import pytest
+import structlog
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlpa_aiohttp.observability import log_context
+from mlpa_aiohttp.observability.logging import REDACTED, REDACTED_KEYS, _redact, scrub, stdlib_formatter
+from mlpa_aiohttp.wire import loggable
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+class Lines:
+    def __init__(self, name: str) -> None:
+        self.stream = io.StringIO()
+        self.records: list[logging.LogRecord] = []
+        self.name = name
+
+    def json(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stream.getvalue().splitlines() if line.startswith("{")]
+
+
+class _Keep(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self._into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._into.append(record)
+
+
+@pytest.fixture
+def lines(request: pytest.FixtureRequest) -> Iterator[Lines]:
+    """A JSON handler on a logger of the test's own, and a second handler after it that
+    keeps the records, as pytest's caplog does."""
+    found = Lines(f"tests.log_lines.{request.node.name}")
+    writer = logging.StreamHandler(found.stream)
+    writer.setFormatter(stdlib_formatter(json=True))
+    keeper = _Keep(found.records)
+    logger = logging.getLogger(found.name)
+    logger.addHandler(writer)
+    logger.addHandler(keeper)
+    logger.propagate = False
+    try:
+        yield found
+    finally:
+        logger.removeHandler(writer)
+        logger.removeHandler(keeper)
+
+
+def test_a_structlog_event_is_one_json_line_with_its_context_level_logger_and_time(lines: Lines) -> None:
+    log_context.begin(request_id="r-1", route="/v1/chat/completions")
+    try:
+        log_context.bind(model="gpt-oss-120b", status=0)
+        structlog.get_logger(lines.name).info("request", status=200, duration_ms=12.5)
+    finally:
+        log_context.begin()  # this test runs in the session's own context
+
+    [line] = lines.json()
+    assert line["event"] == "request"
+    assert line["status"] == 200  # the event's own field wins over the context's
+    assert (line["request_id"], line["route"], line["model"]) == ("r-1", "/v1/chat/completions", "gpt-oss-120b")
+    assert (line["level"], line["logger"]) == ("info", lines.name)
+    assert ISO_UTC.match(line["timestamp"]), line["timestamp"]
+    [record] = lines.records
+    assert record.levelno == logging.INFO and record.name == lines.name
+    assert record.msg["event"] == "request"  # type: ignore[index]
+
+
+def test_an_exception_logged_through_structlog_carries_its_traceback_and_leaves_the_record_whole(
+    lines: Lines,
+) -> None:
+    log = structlog.get_logger(lines.name)
+    try:
+        raise ValueError("the probe failed")
+    except ValueError:
+        log.exception("probe_failed", step="parse")
+
+    [line] = lines.json()
+    assert line["level"] == "error" and line["step"] == "parse"
+    assert "Traceback (most recent call last)" in line["exception"]
+    assert "ValueError: the probe failed" in line["exception"]
+    # The handler after the writer still sees the event as it was logged.
+    [record] = lines.records
+    assert record.msg["exc_info"] is True  # type: ignore[index]
+
+
+def test_a_standard_library_record_gets_the_same_shape_and_its_traceback(lines: Lines) -> None:
+    logger = logging.getLogger(lines.name)
+    try:
+        {}["missing"]
+    except KeyError:
+        logger.error("lookup failed for %s", "missing", exc_info=True)
+
+    [line] = lines.json()
+    assert line["event"] == "lookup failed for missing"
+    assert (line["level"], line["logger"]) == ("error", lines.name)
+    assert ISO_UTC.match(line["timestamp"])
+    assert "KeyError: 'missing'" in line["exception"]
+
+
+def test_a_logger_set_above_the_root_level_drops_structlog_events(lines: Lines) -> None:
+    logger = logging.getLogger(lines.name)
+    logger.setLevel(logging.ERROR)
+    try:
+        structlog.get_logger(lines.name).warning("below_this_loggers_level")
+        structlog.get_logger(lines.name).error("at_this_loggers_level")
+    finally:
+        logger.setLevel(logging.NOTSET)
+    assert [line["event"] for line in lines.json()] == ["at_this_loggers_level"]
+
+
+def test_secret_names_in_any_case_are_hidden_at_the_top_level(lines: Lines) -> None:
+    # U+212A KELVIN SIGN lowercases to an ASCII "k": "MASTER_\u212aEY" is master_key.
+    structlog.get_logger(lines.name).warning(
+        "probe", Authorization="Bearer s3cret", **{"MASTER_\u212aEY": "sk-s3cret"}, kept="visible"
+    )
+    [line] = lines.json()
+    assert "s3cret" not in lines.stream.getvalue()
+    assert line["Authorization"] == REDACTED and line["MASTER_\u212aEY"] == REDACTED
+    assert line["kept"] == "visible"
+
+
+# --- scrub against the rule it replaced ---------------------------------------------------
+
+
+def scrubbed_plainly(event: dict[str, Any]) -> dict[str, Any]:
+    """The two passes `scrub` replaced (redact every name, then escape every text value),
+    written as plainly as the rule reads."""
+    out = {}
+    for key, value in event.items():
+        if key.lower() in REDACTED_KEYS:
+            out[key] = REDACTED
+        elif isinstance(value, (dict, list, tuple)):
+            out[key] = _redact(value, 1)
+        else:
+            out[key] = value
+    return {key: loggable(value) if type(value) is str else value for key, value in out.items()}
+
+
+def _case_variants(name: str) -> st.SearchStrategy[str]:
+    return st.lists(st.booleans(), min_size=len(name), max_size=len(name)).map(
+        lambda upper: "".join(c.upper() if flip else c for c, flip in zip(name, upper))
+    )
+
+
+_redacted_names = st.sampled_from(sorted(REDACTED_KEYS)).flatmap(_case_variants)
+_names = st.one_of(
+    _redacted_names,
+    _redacted_names.map(lambda name: name.replace("k", "\u212a").replace("K", "\u212a")),
+    st.text(min_size=1, max_size=12),
+    st.sampled_from(["request_id", "user_agent", "model", "status", "tool_names", "event"]),
+)
+_text = st.one_of(st.text(max_size=20), st.sampled_from(["curl/8", "a\x1bb", "\udcff", "tab\there", "\u00a0"]))
+_leaves = st.one_of(_text, st.integers(), st.floats(allow_nan=False), st.booleans(), st.none())
+_values = st.recursive(
+    _leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(_names, inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_names, _values, max_size=30))
+def test_scrub_hides_and_escapes_exactly_what_the_plain_rule_does(event: dict[str, Any]) -> None:
+    expected = scrubbed_plainly(dict(event))
+    got = scrub(None, "info", dict(event))
+    assert list(got) == list(expected)
+    assert repr(got) == repr(expected)  # repr: floats and nested containers compared as written
