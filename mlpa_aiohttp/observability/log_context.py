@@ -31,7 +31,8 @@ def bind(**fields: Any) -> None:
 
 
 def merge_fields(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """structlog processor: the context's fields, under the event's own of the same name."""
-    for key, value in _FIELDS.get().items():
-        event.setdefault(key, value)
-    return event
+    """structlog processor: the context's fields, then the event's own (which win over the
+    context's of the same name). One merge in C, where a `setdefault` per field was a tenth
+    of a request line's cost."""
+    fields = _FIELDS.get()
+    return {**fields, **event} if fields else event
