@@ -192,9 +192,10 @@ def _unserialisable(value: Any) -> str:
     return repr(value)
 
 
-# The standard library's encoder, for what orjson refuses (a lone surrogate nested in a
-# field, an integer wider than 64 bits); one for every such line, not one per call.
-_encode_json = jsonlib.JSONEncoder(default=_unserialisable).encode
+# The standard library's encoder, for a line that is not ASCII and for what orjson refuses
+# (a lone surrogate nested in a field, an integer wider than 64 bits), in orjson's compact
+# shape; one for every such line, not one per call.
+_encode_json = jsonlib.JSONEncoder(default=_unserialisable, separators=(",", ":")).encode
 
 
 # A dataclass goes through `repr` as with the standard library, never field by field:
@@ -397,7 +398,7 @@ def log_problems(
                 "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
             }
         )
-        text = jsonlib.dumps(record)
+        text = render_json(None, "", record)
     elif len(problems) == 1 and not unknown_variables:
         text = f"{shown_level:<8} {event}: {problems[0]} ({outcome}; {hint})"
     else:

@@ -3,6 +3,7 @@ formatter, tracebacks included, and `scrub` held to the plain two-pass rule it r
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlpa_aiohttp.observability import log_context
-from mlpa_aiohttp.observability.logging import REDACTED, REDACTED_KEYS, _redact, scrub, stdlib_formatter
+from mlpa_aiohttp.observability.logging import REDACTED, REDACTED_KEYS, _redact, render_json, scrub, stdlib_formatter
 from mlpa_aiohttp.wire import loggable
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -182,3 +183,42 @@ def test_scrub_hides_and_escapes_exactly_what_the_plain_rule_does(event: dict[st
     got = scrub(None, "info", dict(event))
     assert list(got) == list(expected)
     assert repr(got) == repr(expected)  # repr: floats and nested containers compared as written
+
+
+# --- the JSON line: orjson's, or the standard library's when orjson cannot -----------------
+
+_finite_leaves = st.one_of(_text, st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+                           st.none())
+_json_values = st.recursive(
+    _finite_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.lists(inner, max_size=3).map(tuple), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), _json_values, max_size=12))
+def test_a_json_line_is_ascii_and_reads_back_as_the_standard_librarys_would(event: dict[str, Any]) -> None:
+    line = render_json(None, "info", event)
+    assert line.isascii() and "\n" not in line
+    assert json.loads(line) == json.loads(json.dumps(event, default=repr))
+
+
+def test_a_json_line_has_one_shape_whichever_encoder_wrote_it() -> None:
+    ascii_only = render_json(None, "info", {"event": "request", "status": 200})
+    with_umlaut = render_json(None, "info", {"event": "request", "user_agent": "Zürich/1"})
+    assert ascii_only == '{"event":"request","status":200}'
+    assert with_umlaut == '{"event":"request","user_agent":"Z\\u00fcrich/1"}'
+    assert render_json(None, "info", {"too_wide": 2**70}) == '{"too_wide":%d}' % 2**70
+
+
+def test_a_dataclass_in_a_json_line_is_its_repr_so_its_hidden_fields_stay_hidden() -> None:
+    @dataclasses.dataclass
+    class Credentials:
+        user: str
+        secret: str = dataclasses.field(repr=False)
+
+    line = json.loads(render_json(None, "info", {"event": "probe", "who": Credentials("u-1", "s3cret")}))
+    assert "s3cret" not in line["who"] and "u-1" in line["who"]
