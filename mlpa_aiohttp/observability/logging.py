@@ -111,9 +111,9 @@ class Stamp:
     """The level, the logger's name and the time, as structlog's `add_log_level`,
     `add_logger_name` and `TimeStamper(fmt="iso", utc=True)` write them, in one step.
 
-    The time's text up to the second is kept from the line before (formatting a `datetime`
-    per line was a tenth of a line's cost); kept as one tuple, so that a thread writing at
-    the same moment never pairs one second's text with another's."""
+    The time's text up to the second is kept from the line before (a `datetime` formatted
+    per line cost 1.8 µs, this 0.7 µs); kept as one tuple, so that a thread writing at the
+    same moment never pairs one second's text with another's."""
 
     def __init__(self) -> None:
         self._second_text: tuple[int, str] = (-1, "")
@@ -206,9 +206,9 @@ _ORJSON_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 def render_json(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
     """One JSON object, ASCII only (the text a line carries is escaped, never raw bytes).
 
-    orjson writes a request's line in a fifth of the standard library's time (4.9 µs of a
-    line's 17); a line holding anything but ASCII, or anything orjson refuses, is written
-    by the standard library's encoder, escaped as it always was."""
+    orjson writes a request's line in a sixth of the standard library's time (0.8 µs
+    against 4.9 µs); a line holding anything but ASCII, or anything orjson refuses, is
+    written by the standard library's encoder, escaped as it always was."""
     try:
         line = orjson.dumps(event, default=_unserialisable, option=_ORJSON_OPTIONS)
     except (TypeError, ValueError):  # orjson.JSONEncodeError is a TypeError
@@ -223,6 +223,10 @@ class EventRecord(logging.LogRecord):
     event's finished dict (context merged, stamped, scrubbed). `LineFormatter` renders it
     as it is; the standard library's handlers, pytest's `caplog` and Sentry's logging
     integration see an ordinary record."""
+
+
+# An EventRecord's file: the caller is never looked up (no line shows it).
+_NO_SOURCE = "(unknown file)"
 
 
 class EventWriter:
@@ -261,9 +265,6 @@ class EventWriter:
         self._write(logging.CRITICAL, event)
 
 
-_NO_SOURCE = "(unknown file)"
-
-
 def write_events(*names: Any) -> EventWriter:
     """structlog's logger factory: `structlog.get_logger(name)` writes through the
     standard-library logger `name`."""
@@ -274,6 +275,9 @@ def hand_to_writer(_: Any, __: str, event: MutableMapping[str, Any]) -> tuple[tu
     """The chain's last step: the event dict as the writer's one argument (a dict returned
     as it is would be spread into keyword arguments, a copy)."""
     return (event,), {}
+
+
+_STACK_INFO = structlog.processors.StackInfoRenderer()
 
 
 class LineFormatter(logging.Formatter):
@@ -304,9 +308,6 @@ class LineFormatter(logging.Formatter):
             event = _STACK_INFO(None, "", event)
             event = structlog.processors.format_exc_info(None, "", event)
         return self._render(None, "", event)  # type: ignore[no-any-return]
-
-
-_STACK_INFO = structlog.processors.StackInfoRenderer()
 
 
 def stdlib_formatter(json: bool = False, colours: bool = False) -> logging.Formatter:
