@@ -31,7 +31,10 @@ from typing import Any
 
 from .open_streams import Loadgen, export_tree, percentile, say, table
 from .procs import Processes, raise_open_file_limit, terminate_on_sigterm
-from .targets import PYTHON, python_env, start_fake_fxa, start_paced_upstream, start_target
+from .targets import (
+    PYTHON, add_service_env_option, environment_assignments, python_env, start_fake_fxa, start_paced_upstream,
+    start_target,
+)
 
 FLOOR = "aiohttp-bare"
 
@@ -77,11 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held", type=int, default=2000, help="streams open while new ones are admitted")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a variable for every service target (the bench runs LOG_LEVEL=warning unless told)")
+    add_service_env_option(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    service_env = dict(item.split("=", 1) for item in args.service_env)
+    service_env = environment_assignments(args.service_env)
     names = [x.strip() for x in args.targets.split(",") if x.strip()]
     if args.baseline_ref:
         names += [f"{name}@{args.baseline_ref}" for name in list(names) if name.startswith("aiohttp-") and name != FLOOR]

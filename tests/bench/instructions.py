@@ -31,7 +31,10 @@ from pathlib import Path
 
 from .open_streams import export_tree, say, table
 from .procs import Processes, free_port, wait_for_port
-from .targets import CLIENT_TOKEN, PYTHON, REPO_ROOT, _service_env, python_env, start_fake_fxa, start_paced_upstream
+from .targets import (
+    CLIENT_TOKEN, PYTHON, REPO_ROOT, _service_env, add_service_env_option, environment_assignments, python_env,
+    start_fake_fxa, start_paced_upstream,
+)
 
 ABLATIONS_DIR = Path(__file__).resolve().parent / "ablations"
 WARM_UP_REQUESTS = 30
@@ -81,9 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--baseline-ref", help="also count the service from this commit's tree")
     parser.add_argument("--ablate", default="", help="comma-separated steps, each a target of its own; a+b for both")
-    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="a variable for every service target (e.g. LOG_LEVEL=info: the default, every line written)")
+    add_service_env_option(parser)
     args = parser.parse_args(argv)
+    service_env = environment_assignments(args.service_env)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("valgrind (with callgrind_control) is needed")
     work_dir = Path(tempfile.mkdtemp(prefix="mlpa-instructions-"))
@@ -95,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def service(name: str, root: Path, ablate: str = "") -> None:
             port = free_port()
             env = _service_env(port, upstream, fxa, root)
-            env.update(item.split("=", 1) for item in args.service_env)
+            env.update(service_env)
             if ablate:
                 env["PYTHONPATH"] = f"{ABLATIONS_DIR}:{env['PYTHONPATH']}"
                 env["MLPA_BENCH_ABLATE"] = ablate.replace("+", ",")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .instructions import counted_instructions
 from .open_streams import export_tree, say, table
 from .targets import PYTHON, REPO_ROOT, python_env
 
@@ -68,7 +68,6 @@ def bind_a_chat_requests_fields() -> None:
 def logger_for(step: str) -> Any:
     import structlog
 
-    from mlpa_aiohttp.observability import log_context
     from mlpa_aiohttp.observability import logging as lines
 
     if step in ("json", "console"):
@@ -85,8 +84,13 @@ def logger_for(step: str) -> Any:
         def info(self, event: Any) -> None:
             pass
 
+    # The configured chain without its hand-over to the writer: drop_below_level,
+    # merge_fields, Stamp, scrub; a step's row runs the chain up to and with it.
+    chain = lines.event_chain()[:-1]
     order = ["structlog", "level", "merge", "stamp", "scrub"]
-    chain = [lines.drop_below_level, log_context.merge_fields, lines.Stamp(), lines.scrub]
+    if [getattr(step_, "__name__", type(step_).__name__) for step_ in chain] != [
+            "drop_below_level", "merge_fields", "Stamp", "scrub"]:
+        raise RuntimeError("the configured chain changed: update STEPS and `order` to match")
     writer: Any = WritesNothing()
     if step in order:
         chain = chain[: order.index(step)]
@@ -136,10 +140,7 @@ def counted(step: str, lines: int, work_dir: Path, tree: Path | None) -> int:
          "--child", step, "--lines", str(lines)],
         env=env, cwd=str(REPO_ROOT), check=True, capture_output=True, timeout=600,
     )
-    match = re.search(r"^(?:summary|totals): (\d+)", out.read_text(errors="replace"), re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no totals in {out}")
-    return int(match.group(1))
+    return counted_instructions(out)
 
 
 def per_line(step: str, lines: int, work_dir: Path, tree: Path | None = None) -> float:

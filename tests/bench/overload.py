@@ -39,7 +39,7 @@ from typing import Any, Sequence
 from .loadgen import CHUNKED_END, build_request
 from .open_streams import tcp_ext_counters
 from .procs import Processes, raise_open_file_limit, terminate_on_sigterm
-from .targets import PYTHON, Target, python_env, start_fake_fxa, start_paced_upstream, start_target
+from .targets import PYTHON, Target, environment_assignments, python_env, start_fake_fxa, start_paced_upstream, start_target
 
 SHED_FAST_SECONDS = 2.0
 # The protection's settings in the "on" mode (the documented defaults but the switch).
@@ -428,11 +428,11 @@ def main_run(args: argparse.Namespace) -> int:
     terminate_on_sigterm()
     raise_open_file_limit()
     work_dir = Path(tempfile.mkdtemp(prefix="mlpa-overload-"))
-    on_env = {**PROTECTION_ON, **dict(item.split("=", 1) for item in args.on_env)}
+    on_env = {**PROTECTION_ON, **environment_assignments(args.on_env)}
     modes: dict[str, dict[str, str]] = {"off": {}, "on": on_env}
     for spec in args.mode:
         name, _, settings = spec.partition(":")
-        modes[name] = {**PROTECTION_ON, **dict(item.split("=", 1) for item in settings.split(",") if item)}
+        modes[name] = {**PROTECTION_ON, **environment_assignments(item for item in settings.split(",") if item)}
     # Long enough for the open streams to outlive every mode's run.
     chunks = int((args.baseline + args.seconds + args.give_up + args.measure_seconds + 120) / args.interval)
     print(f"# overload benchmark {time.strftime('%Y-%m-%d %H:%M')} UTC; {args.streams} open streams, one event "

@@ -16,11 +16,13 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +112,23 @@ def start_fake_fxa(procs: Processes) -> int:
     child = procs.start("fake-fxa", [PYTHON, "-m", "tests.bench.fake_fxa_server", "--port", str(port)], env=python_env())
     wait_for_port(port, timeout=30, process=child.process)
     return port
+
+
+def environment_assignments(items: Iterable[str]) -> dict[str, str]:
+    """`NAME=VALUE` items (a bench's --service-env and the like) as a mapping."""
+    found = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name:
+            raise SystemExit(f"{item!r} is not NAME=VALUE")
+        found[name] = value
+    return found
+
+
+def add_service_env_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for every service target (the benches run LOG_LEVEL=warning unless told; "
+                             "LOG_LEVEL=info is the default, every request's line written)")
 
 
 def _service_env(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
