@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json as jsonlib
 import logging
+import os
 import sys
+import threading
 import time
 from typing import Any, MutableMapping, Sequence, TextIO
 
@@ -217,15 +219,52 @@ def render_json(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
     return _encode_json(event)
 
 
+# An EventRecord's file: the caller is never looked up (no line shows it).
+_NO_SOURCE = "(unknown file)"
+# When the logging module started, as `LogRecord.relativeCreated` counts from it.
+_ONE_RECORD = logging.LogRecord("", logging.INFO, _NO_SOURCE, 0, "", None, None)
+_LOGGING_STARTED = _ONE_RECORD.created - _ONE_RECORD.relativeCreated / 1000
+
+
 class EventRecord(logging.LogRecord):
     """A structlog event on its way to the standard library's handlers: `msg` is the
     event's finished dict (context merged, stamped, scrubbed). `LineFormatter` renders it
     as it is; the standard library's handlers, pytest's `caplog` and Sentry's logging
-    integration see an ordinary record."""
+    integration see an ordinary record, with every attribute `LogRecord` sets.
 
+    They are set here directly: `LogRecord.__init__` also derives the file and module
+    names from the path and checks the arguments for a mapping, per line, for a record
+    that has neither (1.9 µs against 1.1 µs)."""
 
-# An EventRecord's file: the caller is never looked up (no line shows it).
-_NO_SOURCE = "(unknown file)"
+    def __init__(self, name: str, level: int, event: dict[str, Any]) -> None:  # the base's attributes, all set here
+        created = time.time()
+        self.name = name
+        self.msg = event
+        self.args = None
+        self.levelname = logging.getLevelName(level)
+        self.levelno = level
+        self.pathname = self.filename = self.module = _NO_SOURCE
+        self.exc_info = self.exc_text = self.stack_info = self.funcName = None
+        self.lineno = 0
+        self.created = created
+        self.msecs = int((created - int(created)) * 1000) + 0.0
+        self.relativeCreated = (created - _LOGGING_STARTED) * 1000
+        # The process and thread fields as the standard library fills them, flags included.
+        if logging.logThreads:
+            self.thread: int | None = threading.get_ident()
+            self.threadName: str | None = threading.current_thread().name
+        else:
+            self.thread = self.threadName = None
+        self.processName: str | None = None
+        if logging.logMultiprocessing:
+            self.processName = "MainProcess"
+            multiprocessing = sys.modules.get("multiprocessing")
+            if multiprocessing is not None:
+                try:
+                    self.processName = multiprocessing.current_process().name
+                except Exception:  # noqa: BLE001 - as the standard library: it may be loading still
+                    pass
+        self.process: int | None = os.getpid() if logging.logProcesses else None
 
 
 class EventWriter:
@@ -246,7 +285,7 @@ class EventWriter:
         return self._logger.isEnabledFor(level)
 
     def _write(self, level: int, event: dict[str, Any]) -> None:
-        self._logger.handle(EventRecord(self.name, level, _NO_SOURCE, 0, event, None, None))
+        self._logger.handle(EventRecord(self.name, level, event))
 
     def debug(self, event: dict[str, Any]) -> None:
         self._write(logging.DEBUG, event)

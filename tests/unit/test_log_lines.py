@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlpa_aiohttp.observability import log_context
-from mlpa_aiohttp.observability.logging import REDACTED, REDACTED_KEYS, _redact, render_json, scrub, stdlib_formatter
+from mlpa_aiohttp.observability.logging import (
+    REDACTED, REDACTED_KEYS, EventRecord, _redact, render_json, scrub, stdlib_formatter,
+)
 from mlpa_aiohttp.wire import loggable
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -222,3 +224,18 @@ def test_a_dataclass_in_a_json_line_is_its_repr_so_its_hidden_fields_stay_hidden
 
     line = json.loads(render_json(None, "info", {"event": "probe", "who": Credentials("u-1", "s3cret")}))
     assert "s3cret" not in line["who"] and "u-1" in line["who"]
+
+
+def test_an_event_record_carries_every_attribute_a_standard_record_does() -> None:
+    """Handlers, caplog and Sentry's logging integration read a record's attributes; the
+    event's record sets them itself, so it must set every one, to the standard values."""
+    event = {"event": "request", "status": 200}
+    standard = logging.LogRecord("mlpa_aiohttp.request", logging.WARNING, "(unknown file)", 0, event, None, None)
+    ours = EventRecord("mlpa_aiohttp.request", logging.WARNING, event)
+    assert sorted(vars(ours)) == sorted(vars(standard))
+    timing = {"created", "msecs", "relativeCreated"}
+    assert {k: v for k, v in vars(ours).items() if k not in timing} == {
+        k: v for k, v in vars(standard).items() if k not in timing}
+    assert 0 <= ours.created - standard.created < 1.0
+    assert abs((ours.relativeCreated - standard.relativeCreated) - 1000 * (ours.created - standard.created)) < 1.0
+    assert ours.getMessage() == standard.getMessage() == str(event)
