@@ -3,6 +3,7 @@
     PYTHONPATH=. python -m tests.bench.log_line                # JSON and console, the whole line
     PYTHONPATH=. python -m tests.bench.log_line --steps        # and what each step of the path adds
     PYTHONPATH=. python -m tests.bench.log_line --baseline-ref main   # and the whole line at REF
+    PYTHONPATH=. python -m tests.bench.log_line --steps --timed --lines 20000   # each step in µs (timeit), no valgrind
 
 Every request writes one line at the default level (INFO), so a line's cost is a new
 stream's cost (docs/performance.md, round 8). The line here is a chat request's: the fields
@@ -13,7 +14,9 @@ divided by the difference: start-up cancels out. `--steps` builds the chain one 
 time (the last processor hands the event to a writer that does nothing until the real
 `EventWriter` and handler come in); each row's increase is that step's cost.
 `--baseline-ref` writes the same line with the package from REF's tree (the whole line
-only: the steps are this tree's).
+only: the steps are this tree's). `--timed` times each row instead, in a process of its own
+(`timeit`, the best of 7 rounds of --lines lines): a hot loop's µs, smaller than the same
+step costs under load, but in the unit a profile of the service reads.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import timeit
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -130,6 +134,23 @@ def write_lines(step: str, count: int) -> None:
         log.info("request", status=200, duration_ms=1008.16, path="/v1/chat/completions")
 
 
+def time_lines(step: str, count: int) -> None:
+    """The child of --timed: build the step's logger, print µs per line, the best of 7."""
+    log = logger_for(step)
+    bind_a_chat_requests_fields()
+    rounds = timeit.repeat(
+        lambda: log.info("request", status=200, duration_ms=1008.16, path="/v1/chat/completions"),
+        number=count, repeat=7)
+    print(f"{1e6 * min(rounds) / count:.3f}")
+
+
+def timed(step: str, lines: int) -> float:
+    """µs per line of the step, in a process of its own (loggers are configured per process)."""
+    done = subprocess.run([PYTHON, "-m", "tests.bench.log_line", "--child-timed", step, "--lines", str(lines)],
+                          env=python_env(), cwd=str(REPO_ROOT), check=True, capture_output=True, text=True, timeout=600)
+    return float(done.stdout.split()[-1])
+
+
 def counted(step: str, lines: int, work_dir: Path, tree: Path | None) -> int:
     out = work_dir / f"callgrind.{step}.{lines}"
     env = python_env()
@@ -153,10 +174,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=1100)
     parser.add_argument("--steps", action="store_true", help="also each step of the path")
     parser.add_argument("--baseline-ref", help="also the whole line with the package at this commit")
+    parser.add_argument("--timed", action="store_true", help="µs per line (timeit) instead of instructions")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-timed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         write_lines(args.child, args.lines)
+        return 0
+    if args.child_timed:
+        time_lines(args.child_timed, args.lines)
+        return 0
+    if args.timed:
+        if args.baseline_ref:
+            sys.exit("--timed measures this tree only")
+        rows = []
+        for label, step in STEPS if args.steps else STEPS[-2:]:
+            figure = timed(step, args.lines)
+            say(f"  {label:<72} {figure:7.2f} µs")
+            rows.append([label, f"{figure:.2f}"])
+        say("\n" + table(["path", "µs per line (hot loop)"], rows))
         return 0
     if args.lines <= BASE_LINES:
         sys.exit(f"--lines must be more than {BASE_LINES}")
