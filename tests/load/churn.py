@@ -44,6 +44,10 @@ class Sample:
     success: int
     abort: int
     failure: int
+    # Live objects after a collection (heap_probe/sitecustomize.py): what RSS, a high-water
+    # mark, cannot show.
+    objects: int
+    blocks: int
 
 
 @dataclass
@@ -70,6 +74,7 @@ async def loop_lag_ms(service: ServiceProcess) -> float:
 async def sample(service: ServiceProcess, fakes: Fakes, started: float, done: int) -> Sample:
     lag = await loop_lag_ms(service)
     availability = await service.availability()
+    heap = await service.heap_counts()
     return Sample(
         seconds=round(time.monotonic() - started, 1),
         streams_done=done,
@@ -80,6 +85,8 @@ async def sample(service: ServiceProcess, fakes: Fakes, started: float, done: in
         success=availability["success"],
         abort=availability["abort"],
         failure=availability["failure"],
+        objects=heap["objects"],
+        blocks=heap["blocks"],
     )
 
 
@@ -108,7 +115,7 @@ async def churn(
     # Streams of 40 chunks 50 ms apart (2 s): half read them whole, half leave within 0.3 s
     # of their first byte.
     fakes = await start_fakes(ttft=0.05, chunks=40, interval=0.05, keep_requests=2000)
-    service = await start_service(fakes, log_dir)
+    service = await start_service(fakes, log_dir, heap_probe=True)
     run = ChurnRun()
     try:
         started = time.monotonic()

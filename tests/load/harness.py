@@ -121,6 +121,7 @@ class ServiceProcess:
     port: int
     log_path: Path
     host: str = "127.0.0.1"
+    heap_path: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -144,6 +145,25 @@ class ServiceProcess:
 
     def open_fds(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    async def heap_counts(self, timeout: float = 10.0) -> dict[str, int]:
+        """The service's live objects after a collection (`objects`: tracked by the
+        collector; `blocks`: the allocator's in use), from a process started with
+        `heap_probe=True`."""
+        assert self.heap_path is not None, "started without heap_probe"
+        self.heap_path.unlink(missing_ok=True)
+        self.process.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + timeout
+        while not self.heap_path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the service did not write its heap counts")
+            # A request gives the event loop Python code to run, where the handler runs.
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            writer.write(f"GET /health/liveness HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode())
+            await reader.read()
+            writer.close()
+            await asyncio.sleep(0.05)
+        return json.loads(self.heap_path.read_text())
 
     async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         reader, writer = await asyncio.open_connection(self.host, self.port)
@@ -199,12 +219,27 @@ def service_environ(fakes: Fakes, port: int, **extra: str) -> dict[str, str]:
     return env
 
 
+HEAP_PROBE_DIR = Path(__file__).resolve().parent / "heap_probe"
+
+
 async def start_service(
-    fakes: Fakes, log_dir: Path, *, command: list[str] | None = None, host: str = "127.0.0.1", **env: str
+    fakes: Fakes,
+    log_dir: Path,
+    *,
+    command: list[str] | None = None,
+    host: str = "127.0.0.1",
+    heap_probe: bool = False,
+    **env: str,
 ) -> ServiceProcess:
+    """A `serve` process on a free port, listening. `heap_probe`: it can count its live
+    objects (`ServiceProcess.heap_counts`; heap_probe/sitecustomize.py)."""
     raise_open_file_limit()
     port = free_port(host)
     log_path = log_dir / f"service-{port}.log"
+    heap_path = log_dir / f"heap-{port}.json" if heap_probe else None
+    if heap_path is not None:
+        env["MLPA_TEST_HEAP_PROBE"] = str(heap_path)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HEAP_PROBE_DIR), os.environ.get("PYTHONPATH")]))
     argv = command or [sys.executable, "-m", "mlpa_aiohttp", "serve"]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
@@ -215,7 +250,7 @@ async def start_service(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    service = ServiceProcess(process, port, log_path, host)
+    service = ServiceProcess(process, port, log_path, host, heap_path)
     deadline = time.monotonic() + 30
     while True:
         if process.poll() is not None:

@@ -1,6 +1,7 @@
 """Churn in the default run: waves of 1,000 streams against a `serve` process, half read to
 the end and half hung up. Memory stays bounded, fds and upstream connections return to their
-baseline, every request has one canonical line and no outcome is misclassified."""
+baseline, live objects return to the warm-up's, every request has one canonical line and
+no outcome is misclassified."""
 
 from __future__ import annotations
 
@@ -36,11 +37,16 @@ async def test_churn_waves_leave_nothing_behind(tmp_path):
     # (The baseline still holds the warm-up's pooled LiteLLM and FxA connections.)
     assert run.settled.upstream_connections == 0
     assert run.settled.fds <= run.baseline.fds
-    # Memory stays bounded. RSS follows the peak number of open connections (client and
-    # pooled upstream), which differs from wave to wave, so a few waves cannot show a trend:
-    # the later waves may add at most 32 MiB on top of the first wave's level (the 10-minute
-    # soak in docs/streaming-at-scale.md added 18.7 MiB over 75 more waves, then stayed flat).
-    after_first = run.samples[1].rss_mib
-    peak_later = max(p.rss_mib for p in run.samples[2:])
-    print(f"RSS after each wave {[p.rss_mib for p in run.samples[1:-1]]} MiB; later waves added {peak_later - after_first:.1f} MiB")
-    assert peak_later - after_first <= 32, [p.rss_mib for p in run.samples]
+    # Nothing stays in memory: once the pool has expired, the objects the collector tracks
+    # and the allocator's blocks in use are back to the warm-up's, within a constant for
+    # caches filled on first use (observed: +104 objects, +1,176-1,357 blocks after 4,000
+    # streams). A request that left one object or one allocation behind adds 4,000.
+    # RSS is printed, not asserted: it is the allocator's high-water mark, set by how many
+    # connections one wave happened to hold at once (a wave that left 500 connections
+    # pooled raised it 33 MiB for good, one that left 200 by 3), so over a few waves it
+    # shows concurrency, not a leak (docs/streaming-at-scale.md, section 3).
+    baseline, settled = run.baseline, run.settled
+    print(f"RSS after each wave {[p.rss_mib for p in run.samples[1:-1]]} MiB; "
+          f"live objects {baseline.objects} -> {settled.objects}, blocks {baseline.blocks} -> {settled.blocks}")
+    assert settled.objects - baseline.objects <= len(ids) // 10, [p.objects for p in run.samples]
+    assert settled.blocks - baseline.blocks <= len(ids) // 2, [p.blocks for p in run.samples]
