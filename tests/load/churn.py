@@ -64,10 +64,7 @@ class ChurnRun:
 async def loop_lag_ms(service: ServiceProcess) -> float:
     """How late the service answers a trivial request (its event loop's backlog, roughly)."""
     started = time.monotonic()
-    reader, writer = await asyncio.open_connection(service.host, service.port)
-    writer.write(f"GET /health/liveness HTTP/1.1\r\nHost: {service.host}\r\nConnection: close\r\n\r\n".encode())
-    await reader.read()
-    writer.close()
+    await service.get("/health/liveness")
     return (time.monotonic() - started) * 1000
 
 

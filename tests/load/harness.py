@@ -158,18 +158,20 @@ class ServiceProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError("the service did not write its heap counts")
             # A request gives the event loop Python code to run, where the handler runs.
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-            writer.write(f"GET /health/liveness HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode())
-            await reader.read()
-            writer.close()
+            await self.get("/health/liveness")
             await asyncio.sleep(0.05)
         return json.loads(self.heap_path.read_text())
 
-    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async def get(self, path: str) -> bytes:
+        """One GET over a fresh connection; the whole answer, head and body, as sent."""
         reader, writer = await asyncio.open_connection(self.host, self.port)
-        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode())
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\nConnection: close\r\n\r\n".encode())
         raw = await reader.read()
         writer.close()
+        return raw
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        raw = await self.get("/metrics")
         body = raw.partition(b"\r\n\r\n")[2].decode()
         samples = {}
         for family in text_string_to_metric_families(body):

@@ -3,7 +3,8 @@
 Loaded as a `sitecustomize` when this directory leads the service's PYTHONPATH
 (tests/load/harness.py, `heap_probe=True`); does nothing unless MLPA_TEST_HEAP_PROBE names a
 file. On SIGUSR2 the process collects its garbage, then writes the number of objects the
-collector tracks and of the allocator's blocks in use to that file, as JSON. Never loaded
+collector tracks (start-up's, frozen by the service, are not among them) and of the
+allocator's blocks in use to that file, as JSON. Never loaded
 by the service outside the tests.
 
 RSS is a high-water mark (the allocator keeps what a busier wave needed), so it moves with
