@@ -350,8 +350,6 @@ class CompletionDefaults:
 class FxASettings:
     base_url: str = variable("FXA_BASE_URL", FXA_PRODUCTION_URL, normalize=_no_trailing_slash)
     scopes: tuple[str, ...] = derived(_fxa_scopes, default=("profile:uid",))
-    client_id: str = variable("CLIENT_ID", "default-client-id")
-    client_secret: str = secret("CLIENT_SECRET", "default-client-secret", refused_default=False)
     verify_cache_seconds: float = variable("FXA_VERIFY_CACHE_SECONDS", 300.0, minimum=0.0)
     jwks_cache_seconds: float = variable("FXA_JWKS_CACHE_SECONDS", 600.0, minimum=0.0)
     request_timeout_seconds: float = variable("FXA_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.001)

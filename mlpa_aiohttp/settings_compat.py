@@ -67,6 +67,9 @@ NOT_READ: Mapping[str, str] = MappingProxyType(
         "APP_ATTEST_QA_BUCKET_PREFIX": "nothing is downloaded; set APP_ATTEST_QA_ROOT_CA_PATH to a mounted file",
         "APP_ATTEST_QA_GCP_PROJECT_ID": "nothing is downloaded; set APP_ATTEST_QA_ROOT_CA_PATH to a mounted file",
         "PG_DB_URL": "the reference recomputed it; the DB_* variables are what is read",
+        # The reference handed both to its FxA client, whose token verification uses neither.
+        "CLIENT_ID": "FxA tokens are verified without client credentials, as in the reference",
+        "CLIENT_SECRET": "FxA tokens are verified without client credentials, as in the reference; delete it from the Secret",
     }
 )
 

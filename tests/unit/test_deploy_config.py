@@ -45,7 +45,6 @@ SECRET_VARIABLES = frozenset(
         "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
         "DB_PASSWORD",
         "SENTRY_DSN",
-        "CLIENT_SECRET",
     }
 )
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from mlpa_aiohttp.settings import Settings, variable_names
-from mlpa_aiohttp.settings_compat import NOT_READ, RENAMED, environment_notices
+from mlpa_aiohttp.settings_compat import NOT_READ, RENAMED, environment_notices, unknown_variable_notes
 from mlpa_aiohttp.startup import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 from ..conftest import TEST_SECRETS
@@ -93,6 +93,18 @@ def test_retired_variables_say_why() -> None:
     assert event == "setting_not_read" and "event-driven" in fields["reason"]
 
 
+def test_the_reference_fxa_client_credentials_are_retired_without_breaking_a_start() -> None:
+    """The reference read CLIENT_ID/CLIENT_SECRET and never used them: a configuration that
+    still sets them starts as without them, and each gets a reason, not a misspelling note."""
+    credentials = {"CLIENT_ID": "reference-client-id", "CLIENT_SECRET": "reference-client-secret"}
+    assert not set(credentials) & variable_names()
+    assert Settings.from_environ({**TEST_SECRETS, **credentials}) == Settings.from_environ(TEST_SECRETS)
+    found = notices_for(credentials)
+    assert {name: event for name, (event, _fields) in found.items()} == dict.fromkeys(credentials, "setting_not_read")
+    assert all("without client credentials" in fields["reason"] for _event, fields in found.values())
+    assert unknown_variable_notes({**TEST_SECRETS, **credentials}, variable_names()) == []
+
+
 def test_a_real_start_logs_each_notice_once_and_never_a_value() -> None:
     """`migrate` against a closed port: it reads the settings, logs, then fails to connect."""
     with socket.socket() as sock:
@@ -105,6 +117,7 @@ def test_a_real_start_logs_each_notice_once_and_never_a_value() -> None:
         "LOGURU_LEVEL": "warning",
         "HTTPX_MAX_CONNECTIONS": "200",
         "MLPA_MAX_SIGNED_IN_USER": "secret-looking-value-42",
+        "CLIENT_SECRET": "reference-fxa-client-secret-7",
         "DB_HOST": "127.0.0.1",
         "DB_PORT": str(closed_port),
     }
@@ -115,11 +128,13 @@ def test_a_real_start_logs_each_notice_once_and_never_a_value() -> None:
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     warnings = [(line["event"], line["variable"]) for line in lines if line.get("level") == "warning"]
     assert sorted(warnings) == [
+        ("setting_not_read", "CLIENT_SECRET"),
         ("setting_renamed", "HTTPX_MAX_CONNECTIONS"),
         ("setting_renamed", "LOGURU_LEVEL"),
         ("setting_unknown", "MLPA_MAX_SIGNED_IN_USER"),
     ]
     assert "secret-looking-value-42" not in done.stdout + done.stderr
+    assert "reference-fxa-client-secret-7" not in done.stdout + done.stderr
     # LOGURU_LEVEL=warning took effect: no INFO line.
     assert not [line for line in lines if line.get("level") == "info"]
 
