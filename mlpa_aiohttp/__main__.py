@@ -1,4 +1,4 @@
-"""mlpa-aiohttp, the authenticating LLM proxy: run it, try it, migrate its database, check its catalogue.
+"""mlpa-aiohttp, the authenticating LLM proxy: run it, try it, migrate its database, check its catalogue, print its configuration reference.
 
 Each subcommand is one `_add_<name>` function that registers its parser and the function
 that runs it; `main` only parses and turns start-up failures into one message and an exit
@@ -60,7 +60,7 @@ def exit_statuses_text(statuses: Sequence[int]) -> str:
     return "exit statuses:\n" + "\n".join(f"  {code:<3} {EXIT_MEANINGS[code]}" for code in listed)
 
 SERVE_VARIABLES = """environment:
-  Every variable in README "Configuration" (config/example.env has the list ready to
+  Every variable in docs/configuration.md (config/example.env has the list ready to
   copy). Set at least: LITELLM_API_BASE, MLPA_VIRTUAL_KEY, MASTER_KEY, MLPA_UI_ACCESS_KEY,
   MLPA_ACCESS_TOKEN_SECRET (32 bytes or more), MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN,
   DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; PORT is the default of --port, LOG_JSON=true
@@ -69,7 +69,7 @@ SERVE_VARIABLES = """environment:
 DEMO_VARIABLES = """environment:
   PORT (default of --port), LOG_LEVEL. The demo sets LITELLM_API_BASE, FXA_BASE_URL, the
   LiteLLM keys, MLPA_UI_ACCESS_KEY and MLPA_STORE=memory itself; any other variable of
-  README "Configuration" applies as set (MLPA_DEBUG is not needed: the demo accepts
+  docs/configuration.md applies as set (MLPA_DEBUG is not needed: the demo accepts
   development secrets)."""
 
 FAKE_UPSTREAM_VARIABLES = """environment:
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mlpa-aiohttp {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate, _add_catalog, _add_stack):
+    for add in (_add_serve, _add_demo, _add_fake_upstream, _add_migrate, _add_catalog, _add_config, _add_stack):
         add(commands)
     return parser
 
@@ -526,6 +526,34 @@ def _run_catalog_show(args: argparse.Namespace) -> int:
     source = os.environ.get("MLPA_CATALOG_FILE", "").strip() or "the built-in catalogue"
     print(f"# The effective catalogue: {source}, with the environment's budget and capped-type variables applied.")
     print(render_catalog(reading.settings.catalog), end="")
+    return 0
+
+
+# -- config ----------------------------------------------------------------------------------
+
+CONFIG_VARIABLES = """environment:
+  none: it prints every variable with its default, not the values set. Made from
+  mlpa_aiohttp/settings.py; docs/configuration.md and config/example.env are its output."""
+
+
+def _add_config(commands: argparse._SubParsersAction) -> None:
+    config = _subcommand(
+        commands,
+        "config",
+        "print the configuration reference: every variable's name, default and meaning",
+        CONFIG_VARIABLES,
+        _run_config,
+        exits=(),
+    )
+    form = config.add_mutually_exclusive_group(required=True)
+    form.add_argument("--markdown", action="store_true", help="as docs/configuration.md")
+    form.add_argument("--env", action="store_true", help="as an env file, config/example.env")
+
+
+def _run_config(args: argparse.Namespace) -> int:
+    from .settings_reference import example_env, reference_markdown
+
+    sys.stdout.write(reference_markdown() if args.markdown else example_env())
     return 0
 
 

@@ -1,8 +1,10 @@
 """Configuration: one frozen dataclass per section, read once from an environ mapping.
 
-Each field names its environment variable and holds the one default (`variable`,
-`secret`); the reader walks the fields, so a new setting is one field. The demo and
-MLPA_DEBUG change a few defaults: `DEMO_DEFAULTS` and `DEBUG_DEFAULTS` say which.
+Each field names its environment variable, holds the one default and says what the variable
+means (`variable`, `secret`, `derived`); the reader walks the fields, so a new setting is one
+field, and the configuration reference (docs/configuration.md, config/example.env) is made from
+them by settings_reference.py. The demo and MLPA_DEBUG change a few defaults: `DEMO_DEFAULTS`
+and `DEBUG_DEFAULTS` say which.
 
 `Settings.from_environ(os.environ)` is called by the entry points only (gunicorn's config
 file uses `read_environ`, which returns the problems instead); tests build settings from a
@@ -17,7 +19,7 @@ import json
 import math
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
+from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
 
 from .catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
 from .catalog_file import CatalogError, load_catalog
@@ -137,19 +139,38 @@ class _Env:
         return default
 
 
-# --- how a field is read --------------------------------------------------------------------
+# --- how a field is read and documented -----------------------------------------------------
 
 _VARIABLE = "mlpa_aiohttp.settings.variable"
 
 
 @dataclass(frozen=True, slots=True)
+class Documented:
+    """A variable a `derived` field's reader reads, as the configuration reference shows it
+    (a plain field's variable is shown from the field itself: name, default, kind)."""
+
+    name: str
+    accepts: str
+    meaning: str
+    # What the default is, for people; "unset" when absent.
+    default: str = "unset"
+    # The value that spells the default in an env file; None: the variable is left unset.
+    value: str | None = None
+    # A `<TYPE>` in `name` stands for each service type of the catalogue, whose budget tier's
+    # field of this name is the default.
+    tier_field: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Variable:
-    """How one field is read from the environment; kept in the field's metadata. The
-    field's default is the only default: the reader falls back to it (or to the demo's or
-    debug's, see `DEMO_DEFAULTS`) when the variable is unset or invalid."""
+    """How one field is read from the environment, and what it means; kept in the field's
+    metadata. The field's default is the only default: the reader falls back to it (or to the
+    demo's or debug's, see `DEMO_DEFAULTS`) when the variable is unset or invalid."""
 
     # None when `read` reads several variables itself.
     name: str | None
+    # Short reference prose: what the variable does, for docs/configuration.md and example.env.
+    meaning: str = ""
     minimum: float | None = None
     # A string setting restricted to these values (matched case-insensitively).
     choices: tuple[str, ...] = ()
@@ -159,31 +180,47 @@ class Variable:
     normalize: Callable[[Any], Any] | None = None
     # A reader of its own, `read(env, default)`, for values made of several variables.
     read: Callable[[_Env, Any], Any] | None = None
+    # The variables `read` reads, for the reference.
+    documents: tuple[Documented, ...] = ()
     # compatibility.md D13: outside MLPA_DEBUG and the demo, the default of this secret is refused.
     refused_default: bool = False
+    # The reference's heading for a field of `Settings` itself (a section class has `heading`).
+    heading: str | None = None
 
 
 def variable(
     name: str,
     default: Any,
     *,
+    meaning: str,
     minimum: float | None = None,
     choices: tuple[str, ...] = (),
     follows: str | None = None,
     normalize: Callable[[Any], Any] | None = None,
+    heading: str | None = None,
 ) -> Any:
     """A field read from the environment variable `name`; its kind is the field's type."""
-    return field(default=default, metadata={_VARIABLE: Variable(name, minimum, choices, follows, normalize)})
+    spec = Variable(name, meaning, minimum, choices, follows, normalize, heading=heading)
+    return field(default=default, metadata={_VARIABLE: spec})
 
 
-def secret(name: str, default: str, *, refused_default: bool) -> Any:
+def secret(name: str, default: str, *, meaning: str, refused_default: bool) -> Any:
     """A string field that never shows in a repr."""
-    return field(default=default, repr=False, metadata={_VARIABLE: Variable(name, refused_default=refused_default)})
+    spec = Variable(name, meaning, refused_default=refused_default)
+    return field(default=default, repr=False, metadata={_VARIABLE: spec})
 
 
-def derived(read: Callable[[_Env, Any], Any], *, default: Any = None, default_factory: Any = None) -> Any:
-    """A field made of several variables by `read(env, default)`."""
-    metadata = {_VARIABLE: Variable(None, read=read)}
+def derived(
+    read: Callable[[_Env, Any], Any],
+    *,
+    documents: tuple[Documented, ...],
+    default: Any = None,
+    default_factory: Any = None,
+    heading: str | None = None,
+) -> Any:
+    """A field made of several variables by `read(env, default)`; `documents` describes them
+    for the configuration reference."""
+    metadata = {_VARIABLE: Variable(None, read=read, documents=documents, heading=heading)}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -265,42 +302,121 @@ def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
 
 
 # --- the sections ---------------------------------------------------------------------------
+# Each section's `heading` and docstring head its part of the configuration reference; each
+# variable's `meaning` is its line there (docs/configuration.md, config/example.env).
 
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    # First: the debug defaults (DEBUG_DEFAULTS) apply to the sections read after it.
-    debug: bool = variable("MLPA_DEBUG", False)
-    port: int = variable("PORT", 8080, minimum=0)
-    log_json: bool = variable("LOG_JSON", False)
-    log_level: str = variable("LOG_LEVEL", "INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
-    shutdown_drain_seconds: float = variable("SHUTDOWN_DRAIN_SECONDS", 20.0, minimum=0.0)
-    max_request_size_bytes: int = variable("MAX_REQUEST_SIZE_BYTES", 3 * 1024 * 1024, minimum=1)
-    require_purpose_header: bool = variable("MLPA_REQUIRE_PURPOSE_HEADER", False)
-    mock_routes: bool = variable("MLPA_MOCK_ROUTES", False)
-    mock_ttft_ms: int = variable("MOCK_TTFT_MS", 200, minimum=0)
-    mock_streaming_chunk_latency_ms: int = variable("MOCK_STREAMING_CHUNK_LATENCY_MS", 50, minimum=0)
-    security_headers_enabled: bool = variable("SECURITY_HEADERS_ENABLED", True)
-    hsts_max_age: int = variable("HSTS_MAX_AGE", 31536000, minimum=0)
-    hsts_include_subdomains: bool = variable("HSTS_INCLUDE_SUBDOMAINS", True)
-    keepalive_timeout_seconds: float = variable("KEEPALIVE_TIMEOUT_SECONDS", 75.0, minimum=0.0)
-    # Dead-peer detection on client connections (mlpa_aiohttp/client_sockets.py): a client
-    # that vanished is noticed within max(idle, user timeout) + interval = 130 s by default.
-    # Probes are answered by any live client's kernel, so a healthy slow client is never cut.
-    client_keepalive_idle_seconds: float = variable("CLIENT_KEEPALIVE_IDLE_SECONDS", 60.0, minimum=1.0)
-    client_keepalive_interval_seconds: float = variable("CLIENT_KEEPALIVE_INTERVAL_SECONDS", 10.0, minimum=1.0)
-    client_keepalive_count: int = variable("CLIENT_KEEPALIVE_COUNT", 6, minimum=1)
-    client_user_timeout_seconds: float = variable("CLIENT_USER_TIMEOUT_SECONDS", 120.0, minimum=0.0)
-    # Connections the kernel queues for accept() per listening socket. A burst of new
-    # streams (a deploy, a reconnect storm) beyond it overflows the queue and clients wait
-    # on SYN retransmits (1, 3, 7 s). The kernel caps it at net.core.somaxconn (4096 by
-    # default since Linux 5.4): see docs/performance.md, "Admission".
-    listen_backlog: int = variable("LISTEN_BACKLOG", 4096, minimum=1)
-    # The garbage collector, for a heap of long-lived streams (mlpa_aiohttp/gc_tuning.py):
-    # freeze what exists once the app has started, and collect the young generation every
-    # GC_YOUNG_THRESHOLD allocations (0: CPython's 700).
-    gc_freeze_after_startup: bool = variable("GC_FREEZE_AFTER_STARTUP", True)
-    gc_young_threshold: int = variable("GC_YOUNG_THRESHOLD", 10000, minimum=0)
+    """The HTTP listener, logging, request limits, response headers, connections to clients and
+    the garbage collector. `MLPA_DEBUG` is read first: it changes defaults of later sections."""
+
+    heading: ClassVar[str] = "Server"
+
+    debug: bool = variable(
+        "MLPA_DEBUG",
+        False,
+        meaning="Development mode: FxA's stage server, upstream error details in responses, and the"
+        " documented default secrets accepted. Never in production.",
+    )
+    port: int = variable(
+        "PORT", 8080, minimum=0, meaning="Listening port of `serve` (its `--port` overrides it) and of gunicorn."
+    )
+    log_json: bool = variable("LOG_JSON", False, meaning="One JSON object per log line (production) instead of console lines.")
+    log_level: str = variable(
+        "LOG_LEVEL",
+        "INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        meaning="Lowest level logged, gunicorn's own loggers included.",
+    )
+    shutdown_drain_seconds: float = variable(
+        "SHUTDOWN_DRAIN_SECONDS",
+        20.0,
+        minimum=0.0,
+        meaning="On SIGTERM, how long open streams may run on before they are ended; gunicorn's graceful"
+        " timeout is sized from it.",
+    )
+    max_request_size_bytes: int = variable(
+        "MAX_REQUEST_SIZE_BYTES",
+        3 * 1024 * 1024,
+        minimum=1,
+        meaning="Largest request body, by Content-Length and by bytes read (413 above).",
+    )
+    require_purpose_header: bool = variable(
+        "MLPA_REQUIRE_PURPOSE_HEADER",
+        False,
+        meaning="Make the `purpose` header mandatory for the service types that have purposes.",
+    )
+    mock_routes: bool = variable("MLPA_MOCK_ROUTES", False, meaning="Mount the `/mock/*` load-testing routes.")
+    mock_ttft_ms: int = variable(
+        "MOCK_TTFT_MS", 200, minimum=0, meaning="Mock routes: delay before the reply or its first streamed chunk."
+    )
+    mock_streaming_chunk_latency_ms: int = variable(
+        "MOCK_STREAMING_CHUNK_LATENCY_MS", 50, minimum=0, meaning="Mock routes: delay between streamed chunks."
+    )
+    security_headers_enabled: bool = variable(
+        "SECURITY_HEADERS_ENABLED",
+        True,
+        meaning="Add `X-Content-Type-Options: nosniff` to responses, and `Strict-Transport-Security` on https.",
+    )
+    hsts_max_age: int = variable("HSTS_MAX_AGE", 31536000, minimum=0, meaning="`Strict-Transport-Security` max-age, in seconds.")
+    hsts_include_subdomains: bool = variable(
+        "HSTS_INCLUDE_SUBDOMAINS", True, meaning="Add `includeSubDomains` to `Strict-Transport-Security`."
+    )
+    keepalive_timeout_seconds: float = variable(
+        "KEEPALIVE_TIMEOUT_SECONDS",
+        75.0,
+        minimum=0.0,
+        meaning="Idle keep-alive of client connections. Keep it above the load balancer's idle timeout, so"
+        " that the balancer, not the service, closes idle connections.",
+    )
+    # Dead-peer detection on client connections (client_sockets.py). Probes are answered by
+    # any live client's kernel, so a healthy slow client is never cut.
+    client_keepalive_idle_seconds: float = variable(
+        "CLIENT_KEEPALIVE_IDLE_SECONDS",
+        60.0,
+        minimum=1.0,
+        meaning="Dead-peer detection on client connections (Linux): seconds without anything from a client"
+        " before TCP keepalive probes start. A vanished client is noticed within max(idle, user timeout)"
+        " + interval seconds (130 by default).",
+    )
+    client_keepalive_interval_seconds: float = variable(
+        "CLIENT_KEEPALIVE_INTERVAL_SECONDS", 10.0, minimum=1.0, meaning="Seconds between keepalive probes."
+    )
+    client_keepalive_count: int = variable(
+        "CLIENT_KEEPALIVE_COUNT",
+        6,
+        minimum=1,
+        meaning="Unanswered probes before the connection is dropped (counts only when"
+        " `CLIENT_USER_TIMEOUT_SECONDS` is 0).",
+    )
+    client_user_timeout_seconds: float = variable(
+        "CLIENT_USER_TIMEOUT_SECONDS",
+        120.0,
+        minimum=0.0,
+        meaning="Data sent and unacknowledged this long ends the connection (TCP_USER_TIMEOUT); 0 turns it off.",
+    )
+    # The kernel's default somaxconn is 4096 since Linux 5.4: see docs/performance.md, "Admission".
+    listen_backlog: int = variable(
+        "LISTEN_BACKLOG",
+        4096,
+        minimum=1,
+        meaning="Accept queue of each listening socket (`serve` and gunicorn). A burst of new connections"
+        " beyond it waits on SYN retransmits (1, 3, 7 s). The kernel caps it at `net.core.somaxconn`:"
+        " raise that too when raising this.",
+    )
+    # For a heap of long-lived streams (gc_tuning.py).
+    gc_freeze_after_startup: bool = variable(
+        "GC_FREEZE_AFTER_STARTUP",
+        True,
+        meaning="Freeze what exists once the app has started, so the garbage collector no longer walks it.",
+    )
+    gc_young_threshold: int = variable(
+        "GC_YOUNG_THRESHOLD",
+        10000,
+        minimum=0,
+        meaning="Allocations between collections of the garbage collector's young generation (0: CPython's 700).",
+    )
 
     def dead_peer_options(self) -> DeadPeerOptions:
         return DeadPeerOptions(
@@ -313,27 +429,75 @@ class ServerSettings:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamSettings:
-    """LiteLLM and how we talk to it (one shared aiohttp ClientSession)."""
+    """LiteLLM, and how the service talks to it (one shared connection pool)."""
 
-    api_base: str = variable("LITELLM_API_BASE", "http://localhost:4000", normalize=_no_trailing_slash)
-    master_key: str = secret("MASTER_KEY", "sk-default", refused_default=True)
-    virtual_key: str = secret("MLPA_VIRTUAL_KEY", "sk-virtual", refused_default=True)
-    streaming_timeout_seconds: float = variable("STREAMING_TIMEOUT_SECONDS", 300.0, minimum=0.001)
+    heading: ClassVar[str] = "LiteLLM upstream"
+
+    api_base: str = variable(
+        "LITELLM_API_BASE", "http://localhost:4000", normalize=_no_trailing_slash, meaning="Base URL of the LiteLLM proxy."
+    )
+    master_key: str = secret(
+        "MASTER_KEY",
+        "sk-default",
+        refused_default=True,
+        meaning="LiteLLM master key: LiteLLM admin calls, and the `master_key` header of the `/user` admin routes.",
+    )
+    virtual_key: str = secret(
+        "MLPA_VIRTUAL_KEY", "sk-virtual", refused_default=True, meaning="LiteLLM virtual key for completions and search."
+    )
+    streaming_timeout_seconds: float = variable(
+        "STREAMING_TIMEOUT_SECONDS",
+        300.0,
+        minimum=0.001,
+        meaning="Longest upstream silence in a stream: before the first byte and between chunks.",
+    )
     # compatibility.md D4: the non-streaming read timeout defaults to the streaming one.
     read_timeout_seconds: float = variable(
-        "UPSTREAM_READ_TIMEOUT_SECONDS", 300.0, minimum=0.001, follows="streaming_timeout_seconds"
+        "UPSTREAM_READ_TIMEOUT_SECONDS",
+        300.0,
+        minimum=0.001,
+        follows="streaming_timeout_seconds",
+        meaning="Longest wait for a non-streaming completion's response.",
     )
-    connect_timeout_seconds: float = variable("UPSTREAM_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.001)
-    max_connections: int = variable("UPSTREAM_MAX_CONNECTIONS", 20000, minimum=0)
-    keepalive_timeout_seconds: float = variable("UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS", 4.0, minimum=0.0)
+    connect_timeout_seconds: float = variable(
+        "UPSTREAM_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.001, meaning="Timeout of a TCP connect to LiteLLM."
+    )
+    max_connections: int = variable(
+        "UPSTREAM_MAX_CONNECTIONS",
+        20000,
+        minimum=0,
+        meaning="Connection pool size towards LiteLLM (0: unlimited). Each open stream holds one, so this"
+        " caps open streams per worker.",
+    )
+    keepalive_timeout_seconds: float = variable(
+        "UPSTREAM_KEEPALIVE_TIMEOUT_SECONDS",
+        4.0,
+        minimum=0.0,
+        meaning="How long an idle pooled connection is kept for reuse; keep it below LiteLLM's own keep-alive.",
+    )
     # Fixed: no variable sets these.
     admin_timeout_seconds: float = 30.0
     search_timeout_seconds: float = 30.0
-    # Beyond the reference: transient completion failures retried before the first byte
-    # (0 attempts = off; docs/keepalive-and-retries.md says why off by default).
-    retry_attempts: int = variable("UPSTREAM_RETRY_ATTEMPTS", 0, minimum=0)
-    retry_backoff_seconds: float = variable("UPSTREAM_RETRY_BACKOFF_SECONDS", 0.25, minimum=0.0)
-    retry_budget_seconds: float = variable("UPSTREAM_RETRY_BUDGET_SECONDS", 3.0, minimum=0.0)
+    # Beyond the reference (docs/keepalive-and-retries.md says why off by default).
+    retry_attempts: int = variable(
+        "UPSTREAM_RETRY_ATTEMPTS",
+        0,
+        minimum=0,
+        meaning="Retries of a completion after connection refused or reset, or LiteLLM 502/503, before the"
+        " first byte (0: off; `docs/keepalive-and-retries.md`).",
+    )
+    retry_backoff_seconds: float = variable(
+        "UPSTREAM_RETRY_BACKOFF_SECONDS",
+        0.25,
+        minimum=0.0,
+        meaning="First retry's backoff; it doubles per retry, jittered to 50-100 %.",
+    )
+    retry_budget_seconds: float = variable(
+        "UPSTREAM_RETRY_BUDGET_SECONDS",
+        3.0,
+        minimum=0.0,
+        meaning="No retry starts (its backoff included) later than this after the first attempt.",
+    )
 
     def url(self, path: str) -> str:
         return self.api_base.rstrip("/") + path
@@ -341,60 +505,214 @@ class UpstreamSettings:
 
 @dataclass(frozen=True, slots=True)
 class CompletionDefaults:
-    temperature: float = variable("TEMPERATURE", 0.1)
-    top_p: float = variable("TOP_P", 0.01)
-    max_completion_tokens: int = variable("MAX_COMPLETION_TOKENS", 8192, minimum=1)
+    """What the service sends LiteLLM when a chat completion request leaves it out."""
+
+    heading: ClassVar[str] = "Completion defaults"
+
+    temperature: float = variable("TEMPERATURE", 0.1, meaning="`temperature` when the request has none.")
+    top_p: float = variable("TOP_P", 0.01, meaning="`top_p` when the request has none.")
+    max_completion_tokens: int = variable(
+        "MAX_COMPLETION_TOKENS",
+        8192,
+        minimum=1,
+        meaning="`max_tokens` when the request has none, and the most it may ask for (a larger one is lowered).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class FxASettings:
-    base_url: str = variable("FXA_BASE_URL", FXA_PRODUCTION_URL, normalize=_no_trailing_slash)
-    scopes: tuple[str, ...] = derived(_fxa_scopes, default=("profile:uid",))
-    verify_cache_seconds: float = variable("FXA_VERIFY_CACHE_SECONDS", 300.0, minimum=0.0)
-    jwks_cache_seconds: float = variable("FXA_JWKS_CACHE_SECONDS", 600.0, minimum=0.0)
-    request_timeout_seconds: float = variable("FXA_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.001)
+    """Verification of Firefox Accounts OAuth tokens (the desktop clients' credentials)."""
+
+    heading: ClassVar[str] = "Firefox Accounts"
+
+    base_url: str = variable(
+        "FXA_BASE_URL", FXA_PRODUCTION_URL, normalize=_no_trailing_slash, meaning="FxA OAuth server, `/v1` included."
+    )
+    scopes: tuple[str, ...] = derived(
+        _fxa_scopes,
+        default=("profile:uid",),
+        documents=tuple(
+            Documented(
+                f"ADDITIONAL_FXA_SCOPE_{i}",
+                "text",
+                "A scope a token may carry instead of `profile:uid`; each scope is verified concurrently and"
+                " the first to pass wins.",
+            )
+            for i in (1, 2, 3)
+        ),
+    )
+    verify_cache_seconds: float = variable(
+        "FXA_VERIFY_CACHE_SECONDS", 300.0, minimum=0.0, meaning="How long a successful verification is cached in the process."
+    )
+    jwks_cache_seconds: float = variable(
+        "FXA_JWKS_CACHE_SECONDS", 600.0, minimum=0.0, meaning="How long FxA's signing keys (JWKS) are cached."
+    )
+    request_timeout_seconds: float = variable(
+        "FXA_REQUEST_TIMEOUT_SECONDS", 10.0, minimum=0.001, meaning="Timeout of each call to FxA."
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class AuthSettings:
-    ui_access_key: str = secret("MLPA_UI_ACCESS_KEY", "sk-ui-access-default", refused_default=True)
-    access_token_secret: str = secret("MLPA_ACCESS_TOKEN_SECRET", "mlpa-dev-secret", refused_default=True)
-    # `x-dev-authorization` for the `*-dev` service types; empty turns them off.
-    experimentation_token: str = secret(
-        "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN", "secret-dev-token", refused_default=True
+    """The admin page's key, the dev tiers' token, and the service's own access tokens (issued
+    to Android clients after Play Integrity)."""
+
+    heading: ClassVar[str] = "Keys and tokens"
+
+    ui_access_key: str = secret(
+        "MLPA_UI_ACCESS_KEY",
+        "sk-ui-access-default",
+        refused_default=True,
+        meaning="Key of the read-only admin routes (counts, signup-cap status): the `mlpa_ui_access_key` header.",
     )
-    access_token_ttl_seconds: int = variable("MLPA_ACCESS_TOKEN_TTL_SECONDS", 86400, minimum=1)
+    access_token_secret: str = secret(
+        "MLPA_ACCESS_TOKEN_SECRET",
+        "mlpa-dev-secret",
+        refused_default=True,
+        meaning="HS256 key of the service's own access tokens, at least 32 bytes. A new one invalidates every"
+        " outstanding token (`docs/migration.md`).",
+    )
+    experimentation_token: str = secret(
+        "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
+        "secret-dev-token",
+        refused_default=True,
+        meaning="`x-dev-authorization` value for the `*-dev` service types; empty turns those types off"
+        " (production does).",
+    )
+    access_token_ttl_seconds: int = variable(
+        "MLPA_ACCESS_TOKEN_TTL_SECONDS", 86400, minimum=1, meaning="Lifetime of an access token."
+    )
+
+
+# The budget tier variables, USER_FEATURE_BUDGET_<TYPE>_<FIELD> (see `_budgets`).
+_BUDGET_VARIABLES = (
+    Documented(
+        "USER_FEATURE_BUDGET_<TYPE>_BUDGET_ID",
+        "text",
+        "LiteLLM budget id of the service type.",
+        "the catalogue's tier",
+        tier_field="budget_id",
+    ),
+    Documented(
+        "USER_FEATURE_BUDGET_<TYPE>_MAX_BUDGET",
+        "number ≥ 0",
+        "Spend limit of one user per budget period, in USD.",
+        "the catalogue's tier",
+        tier_field="max_budget",
+    ),
+    Documented(
+        "USER_FEATURE_BUDGET_<TYPE>_RPM_LIMIT",
+        "integer ≥ 0",
+        "Requests per minute of one user.",
+        "the catalogue's tier",
+        tier_field="rpm_limit",
+    ),
+    Documented(
+        "USER_FEATURE_BUDGET_<TYPE>_TPM_LIMIT",
+        "integer ≥ 0",
+        "Tokens per minute of one user.",
+        "the catalogue's tier",
+        tier_field="tpm_limit",
+    ),
+    Documented(
+        "USER_FEATURE_BUDGET_<TYPE>_BUDGET_DURATION",
+        "text",
+        "Budget period, in LiteLLM's notation (`1d`, `7d`).",
+        "the catalogue's tier",
+        tier_field="budget_duration",
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class SignupCapSettings:
-    enforce: bool = variable("MLPA_ENFORCE_SIGNIN_CAP", False)
-    max_signed_in_users: int = variable("MLPA_MAX_SIGNED_IN_USERS", 1_000_000, minimum=0)
+    """A cap on distinct signed-in users, for the capped service types."""
+
+    heading: ClassVar[str] = "Signup cap"
+
+    enforce: bool = variable(
+        "MLPA_ENFORCE_SIGNIN_CAP", False, meaning="Refuse new signed-in users beyond `MLPA_MAX_SIGNED_IN_USERS`."
+    )
+    max_signed_in_users: int = variable(
+        "MLPA_MAX_SIGNED_IN_USERS",
+        1_000_000,
+        minimum=0,
+        meaning="Most distinct signed-in users while the cap is enforced (`migrate` seeds it).",
+    )
     # MLPA_CAPPED_SERVICE_TYPES, else the catalogue's capped types (read with `Settings.catalog`).
     capped_service_types: frozenset[str] = derived(
-        _catalog_capped_types, default=frozenset({ServiceType.AI.value, ServiceType.MEMORIES.value})
+        _catalog_capped_types,
+        default=frozenset({ServiceType.AI.value, ServiceType.MEMORIES.value}),
+        documents=(
+            Documented(
+                "MLPA_CAPPED_SERVICE_TYPES",
+                "list of service types",
+                "Service types that need a signup slot.",
+                "the catalogue's `capped` types (" + ", ".join(f"`{t}`" for t in sorted(BUILTIN_CATALOG.capped_types))
+                + " in the built-in one)",
+            ),
+        ),
     )
-    admission_lock_timeout_ms: int = variable("MLPA_ADMISSION_LOCK_TIMEOUT_MS", 5000, minimum=1)
+    admission_lock_timeout_ms: int = variable(
+        "MLPA_ADMISSION_LOCK_TIMEOUT_MS",
+        5000,
+        minimum=1,
+        meaning="Longest wait for the signup-cap admission lock; a timeout is a 500.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class PostgresSettings:
-    host: str = variable("DB_HOST", "localhost")
-    port: int = variable("DB_PORT", 5432, minimum=1)
-    username: str = variable("DB_USERNAME", "litellm")
-    password: str = secret("DB_PASSWORD", "litellm", refused_default=False)
-    litellm_db_name: str = variable("LITELLM_DB_NAME", "litellm")
-    app_attest_db_name: str = variable("APP_ATTEST_DB_NAME", "app_attest")
-    pool_min_size: int = variable("PG_POOL_MIN_SIZE", 1, minimum=0)
-    pool_max_size: int = variable("PG_POOL_MAX_SIZE", 10, minimum=1)
-    prepared_stmt_cache_max_size: int = variable("PG_PREPARED_STMT_CACHE_MAX_SIZE", 100, minimum=0)
-    readiness_check_timeout_s: float = variable("READINESS_CHECK_TIMEOUT_S", 2.0, minimum=0.001)
-    statement_timeout_ms: int = variable("PG_STATEMENT_TIMEOUT_MS", 3000, minimum=0)
-    idle_in_tx_timeout_ms: int = variable("PG_IDLE_IN_TX_TIMEOUT_MS", 10000, minimum=0)
-    maintenance_statement_timeout_ms: int = variable("PG_MAINTENANCE_STATEMENT_TIMEOUT_MS", 30000, minimum=0)
-    admin_read_timeout_ms: int = variable("PG_ADMIN_READ_TIMEOUT_MS", 15000, minimum=0)
-    # None (or 0 in the variable): asyncpg's calls have no client-side timeout.
-    command_timeout_s: float | None = variable("PG_COMMAND_TIMEOUT_S", None, minimum=0.0, normalize=_zero_means_none)
+    """One PostgreSQL server holds LiteLLM's database and the service's own; one pool each."""
+
+    heading: ClassVar[str] = "PostgreSQL"
+
+    host: str = variable("DB_HOST", "localhost", meaning="PostgreSQL host.")
+    port: int = variable("DB_PORT", 5432, minimum=1, meaning="PostgreSQL port.")
+    username: str = variable("DB_USERNAME", "litellm", meaning="PostgreSQL user.")
+    password: str = secret("DB_PASSWORD", "litellm", refused_default=False, meaning="PostgreSQL password.")
+    litellm_db_name: str = variable("LITELLM_DB_NAME", "litellm", meaning="LiteLLM's database (end users, budgets).")
+    app_attest_db_name: str = variable(
+        "APP_ATTEST_DB_NAME",
+        "app_attest",
+        meaning="The service's own database (App Attest keys, signup capacity); `migrate` creates it if missing.",
+    )
+    pool_min_size: int = variable("PG_POOL_MIN_SIZE", 1, minimum=0, meaning="Connections each pool keeps open.")
+    pool_max_size: int = variable("PG_POOL_MAX_SIZE", 10, minimum=1, meaning="Most connections of each pool.")
+    prepared_stmt_cache_max_size: int = variable(
+        "PG_PREPARED_STMT_CACHE_MAX_SIZE",
+        100,
+        minimum=0,
+        meaning="Prepared statements asyncpg caches per connection; 0 behind PgBouncer's transaction pooling.",
+    )
+    readiness_check_timeout_s: float = variable(
+        "READINESS_CHECK_TIMEOUT_S", 2.0, minimum=0.001, meaning="Bound of each `/health/readiness` check."
+    )
+    statement_timeout_ms: int = variable(
+        "PG_STATEMENT_TIMEOUT_MS", 3000, minimum=0, meaning="Server-side statement timeout of the service's sessions."
+    )
+    idle_in_tx_timeout_ms: int = variable(
+        "PG_IDLE_IN_TX_TIMEOUT_MS",
+        10000,
+        minimum=0,
+        meaning="Server-side idle-in-transaction timeout of the service's sessions.",
+    )
+    maintenance_statement_timeout_ms: int = variable(
+        "PG_MAINTENANCE_STATEMENT_TIMEOUT_MS",
+        30000,
+        minimum=0,
+        meaning="Statement timeout of `migrate` and of the reconciliation and rebuild queries at start.",
+    )
+    admin_read_timeout_ms: int = variable(
+        "PG_ADMIN_READ_TIMEOUT_MS", 15000, minimum=0, meaning="Statement timeout of the admin list and count queries."
+    )
+    command_timeout_s: float | None = variable(
+        "PG_COMMAND_TIMEOUT_S",
+        None,
+        minimum=0.0,
+        normalize=_zero_means_none,
+        meaning="Client-side timeout of each asyncpg call (unset or 0: none); if set, keep it above 30.",
+    )
 
     def connection_environ(self) -> dict[str, str]:
         """The variables that name this server and its two databases, as this class reads
@@ -406,50 +724,126 @@ class PostgresSettings:
 
 @dataclass(frozen=True, slots=True)
 class AppAttestSettings:
-    development_team: str = variable("APP_DEVELOPMENT_TEAM", "TEAMID1234")
-    production: bool = variable("APP_ATTEST_PRODUCTION", False)
-    challenge_expiry_seconds: int = variable("CHALLENGE_EXPIRY_SECONDS", 300, minimum=1)
-    qa: bool = variable("APP_ATTEST_QA", False)
-    root_ca_path: str | None = variable("APP_ATTEST_ROOT_CA_PATH", None)
-    qa_root_ca_path: str | None = variable("APP_ATTEST_QA_ROOT_CA_PATH", None)
-    bundle_ids: frozenset[str] = variable("APP_ATTEST_BUNDLE_IDS", frozenset())
-    # Apple's assertion step 5 (app id hash); false only while clients transition.
-    check_assertion_app_id: bool = variable("APP_ATTEST_CHECK_ASSERTION_APP_ID", True)
+    """Apple App Attest, the iOS clients' credentials."""
+
+    heading: ClassVar[str] = "App Attest (iOS)"
+
+    development_team: str = variable(
+        "APP_DEVELOPMENT_TEAM", "TEAMID1234", meaning="Apple developer team id; an app id is `<team id>.<bundle id>`."
+    )
+    production: bool = variable(
+        "APP_ATTEST_PRODUCTION", False, meaning="Require the production App Attest environment, not development."
+    )
+    challenge_expiry_seconds: int = variable(
+        "CHALLENGE_EXPIRY_SECONDS", 300, minimum=1, meaning="Lifetime of an App Attest challenge."
+    )
+    qa: bool = variable(
+        "APP_ATTEST_QA",
+        False,
+        meaning="Accept the QA root CA for requests sending `use-qa-certificates: true` (testing only).",
+    )
+    root_ca_path: str | None = variable(
+        "APP_ATTEST_ROOT_CA_PATH",
+        None,
+        meaning="PEM file of Apple's App Attest root CA; unset: the copy shipped in the package.",
+    )
+    qa_root_ca_path: str | None = variable(
+        "APP_ATTEST_QA_ROOT_CA_PATH", None, meaning="PEM file of the QA root CA, used with `APP_ATTEST_QA`."
+    )
+    bundle_ids: frozenset[str] = variable("APP_ATTEST_BUNDLE_IDS", frozenset(), meaning="Bundle ids allowed; empty: any.")
+    check_assertion_app_id: bool = variable(
+        "APP_ATTEST_CHECK_ASSERTION_APP_ID",
+        True,
+        meaning="An assertion must be for the app id the request names (Apple's step 5, which the reference"
+        " skipped); `false` only while clients transition (`docs/migration.md`).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class PlaySettings:
-    package_name: str = variable("PLAY_INTEGRITY_PACKAGE_NAME", "org.mozilla.firefox")
+    """Google Play Integrity, the Android clients' credentials, verified once per access token."""
+
+    heading: ClassVar[str] = "Play Integrity (Android)"
+
+    package_name: str = variable(
+        "PLAY_INTEGRITY_PACKAGE_NAME", "org.mozilla.firefox", meaning="Package of a request that names none."
+    )
     allowed_package_names: frozenset[str] = variable(
         "ALLOWED_PACKAGE_NAMES",
         frozenset({"org.mozilla.fenix", "org.mozilla.fenix.debug", "org.mozilla.firefox", "org.mozilla.firefox_beta"}),
+        meaning="Packages whose verdicts are accepted.",
     )
-    api_base: str = variable("PLAY_INTEGRITY_API_BASE", "https://playintegrity.googleapis.com")
-    request_timeout_seconds: float = variable("PLAY_INTEGRITY_REQUEST_TIMEOUT_SECONDS", 30.0, minimum=0.001)
-    quota_project: str | None = variable("PLAY_INTEGRITY_QUOTA_PROJECT", None)
-    max_age_seconds: int = variable("PLAY_INTEGRITY_MAX_AGE_SECONDS", 300, minimum=1)
-    # A service-account JSON file; None means Application Default Credentials.
-    google_credentials: str | None = variable("PLAY_INTEGRITY_CREDENTIALS_FILE", None)
+    api_base: str = variable(
+        "PLAY_INTEGRITY_API_BASE", "https://playintegrity.googleapis.com", meaning="Play Integrity API base URL."
+    )
+    request_timeout_seconds: float = variable(
+        "PLAY_INTEGRITY_REQUEST_TIMEOUT_SECONDS", 30.0, minimum=0.001, meaning="Timeout of each call to Google."
+    )
+    quota_project: str | None = variable(
+        "PLAY_INTEGRITY_QUOTA_PROJECT",
+        None,
+        meaning="Sent as `x-goog-user-project` on Play Integrity calls; unset: not sent.",
+    )
+    max_age_seconds: int = variable(
+        "PLAY_INTEGRITY_MAX_AGE_SECONDS", 300, minimum=1, meaning="Oldest verdict accepted, by its request timestamp."
+    )
+    google_credentials: str | None = variable(
+        "PLAY_INTEGRITY_CREDENTIALS_FILE",
+        None,
+        meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ObservabilitySettings:
-    sentry_dsn: str = secret("SENTRY_DSN", "", refused_default=False)
-    prometheus_multiproc_dir: str | None = variable("PROMETHEUS_MULTIPROC_DIR", None)
+    """Error reports and metrics."""
+
+    heading: ClassVar[str] = "Observability"
+
+    sentry_dsn: str = secret(
+        "SENTRY_DSN", "", refused_default=False, meaning="Sentry DSN for error reports; empty: no Sentry."
+    )
+    prometheus_multiproc_dir: str | None = variable(
+        "PROMETHEUS_MULTIPROC_DIR",
+        None,
+        meaning="Directory of the metrics' multi-process files, for several workers; emptied at start."
+        " Unset: one process.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class StreamLimitSettings:
-    """Beyond the reference: open streams one identity may hold per worker (0 = no cap)."""
+    """Beyond the reference: limits and keep-alive lines of streams, and how they are relayed."""
 
-    max_concurrent_streams_per_user: int = variable("MAX_CONCURRENT_STREAMS_PER_USER", 0, minimum=0)
-    # Beyond the reference: a keep-alive empty line every this many seconds while a stream
-    # waits for its first upstream byte (0 = off), for these service types or on request.
-    keepalive_seconds: float = variable("STREAM_KEEPALIVE_SECONDS", 0.0, minimum=0.0)
-    keepalive_service_types: frozenset[str] = variable("STREAM_KEEPALIVE_SERVICE_TYPES", frozenset())
-    # Relay from the upstream connection's callbacks (relay/fast_path.py), where it applies
-    # and this aiohttp is in its tested range; off: the regular relay for every stream.
-    relay_fast_path: bool = variable("RELAY_FAST_PATH", True)
+    heading: ClassVar[str] = "Streams"
+
+    max_concurrent_streams_per_user: int = variable(
+        "MAX_CONCURRENT_STREAMS_PER_USER",
+        0,
+        minimum=0,
+        meaning="Open streams one user (`uid:service_type`) may hold per worker; the next gets 429, error 10"
+        " (0: no cap).",
+    )
+    keepalive_seconds: float = variable(
+        "STREAM_KEEPALIVE_SECONDS",
+        0.0,
+        minimum=0.0,
+        meaning="Seconds between keep-alive empty lines while a stream waits for its first upstream byte (0: off).",
+    )
+    keepalive_service_types: frozenset[str] = variable(
+        "STREAM_KEEPALIVE_SERVICE_TYPES",
+        frozenset(),
+        meaning="Service types whose streams always get keep-alive lines; any stream may ask with"
+        " `X-MLPA-Keepalive: 1`.",
+    )
+    relay_fast_path: bool = variable(
+        "RELAY_FAST_PATH",
+        True,
+        meaning="Relay stream bodies from the upstream connection's callbacks (`relay/fast_path.py`), for less"
+        " CPU per event. It relies on aiohttp internals: with an aiohttp outside the tested range every"
+        " stream takes the regular relay (one WARNING at start), as HTTP/1.0 clients and compressed"
+        " upstream bodies always do. `false`: the regular relay for every stream.",
+    )
 
 
 def _lag_hysteresis(env: _Env, default: tuple[float, float]) -> tuple[float, float]:
@@ -463,26 +857,77 @@ def _lag_hysteresis(env: _Env, default: tuple[float, float]) -> tuple[float, flo
     return enter / 1000, leave / 1000
 
 
+_LAG_ENTER_LEAVE_MS = (200, 50)
+
+
 @dataclass(frozen=True, slots=True)
 class OverloadSettings:
     """Beyond the reference: shed new requests with a 503 while this worker is overloaded
-    (mlpa_aiohttp/overload.py; docs/scaling.md says how to choose the bounds)."""
+    (`overload.py`; `docs/scaling.md` says how to choose the bounds). Every bound is per worker."""
 
-    enabled: bool = variable("OVERLOAD_PROTECTION", False)
+    heading: ClassVar[str] = "Overload protection"
+
+    enabled: bool = variable(
+        "OVERLOAD_PROTECTION",
+        False,
+        meaning="While this worker is overloaded, new requests (not probes or `/metrics`) get 503 with"
+        " `Retry-After`, and readiness answers 503.",
+    )
     # Event-loop lag: overloaded above `enter`, and again not once it stayed below `leave`
     # for `recover_seconds` (seconds; read from the two *_MS variables).
-    lag_enter_leave_seconds: tuple[float, float] = derived(_lag_hysteresis, default=(0.2, 0.05))
-    recover_seconds: float = variable("OVERLOAD_RECOVER_SECONDS", 5.0, minimum=0.0)
-    # How often the one sampler task wakes to measure the lag.
-    sample_interval_ms: int = variable("OVERLOAD_LAG_SAMPLE_MS", 100, minimum=10)
-    # Further bounds, per worker (0 = none): open streams, and requests between their arrival
-    # and their response headers.
-    max_open_streams: int = variable("OVERLOAD_MAX_OPEN_STREAMS", 0, minimum=0)
-    max_admissions: int = variable("OVERLOAD_MAX_ADMISSIONS", 0, minimum=0)
-    # Connections waiting in the kernel's accept queue of the listening socket(s), sampled:
-    # what the worker has not even accepted yet (0 = no bound).
-    max_accept_queue: int = variable("OVERLOAD_MAX_ACCEPT_QUEUE", 200, minimum=0)
-    retry_after_seconds: int = variable("OVERLOAD_RETRY_AFTER_SECONDS", 2, minimum=0)
+    lag_enter_leave_seconds: tuple[float, float] = derived(
+        _lag_hysteresis,
+        default=(_LAG_ENTER_LEAVE_MS[0] / 1000, _LAG_ENTER_LEAVE_MS[1] / 1000),
+        documents=(
+            Documented(
+                "OVERLOAD_LAG_ENTER_MS",
+                "number ≥ 1",
+                "Overloaded while the event loop's lag (the one sampler's lateness) exceeds this.",
+                f"`{_LAG_ENTER_LEAVE_MS[0]}`",
+                str(_LAG_ENTER_LEAVE_MS[0]),
+            ),
+            Documented(
+                "OVERLOAD_LAG_LEAVE_MS",
+                "number ≥ 0, below the enter bound",
+                "No longer overloaded once the lag stayed below this for `OVERLOAD_RECOVER_SECONDS`.",
+                f"`{_LAG_ENTER_LEAVE_MS[1]}`",
+                str(_LAG_ENTER_LEAVE_MS[1]),
+            ),
+        ),
+    )
+    recover_seconds: float = variable(
+        "OVERLOAD_RECOVER_SECONDS",
+        5.0,
+        minimum=0.0,
+        meaning="How long the lag must stay below the leave bound; readiness also stays 503 this long after"
+        " any bound last held.",
+    )
+    sample_interval_ms: int = variable(
+        "OVERLOAD_LAG_SAMPLE_MS", 100, minimum=10, meaning="How often the one sampler task measures the lag."
+    )
+    max_open_streams: int = variable(
+        "OVERLOAD_MAX_OPEN_STREAMS",
+        0,
+        minimum=0,
+        meaning="Overloaded while the worker holds this many open streams (0: no bound).",
+    )
+    max_admissions: int = variable(
+        "OVERLOAD_MAX_ADMISSIONS",
+        0,
+        minimum=0,
+        meaning="Overloaded while this many requests are between arrival and their response headers (0: no bound).",
+    )
+    # What the worker has not even accepted yet, sampled from the kernel.
+    max_accept_queue: int = variable(
+        "OVERLOAD_MAX_ACCEPT_QUEUE",
+        200,
+        minimum=0,
+        meaning="Overloaded while this many connections wait in the listening socket's accept queue at two"
+        " samples in a row (0: no bound).",
+    )
+    retry_after_seconds: int = variable(
+        "OVERLOAD_RETRY_AFTER_SECONDS", 2, minimum=0, meaning="`Retry-After` of a shed request's 503, in seconds."
+    )
 
     @property
     def lag_enter_seconds(self) -> float:
@@ -507,9 +952,30 @@ class Settings:
     fxa: FxASettings = FxASettings()
     auth: AuthSettings = AuthSettings()
     # Before `signup_cap`, whose capped types it settles (`_Env.catalog`).
-    catalog: Catalog = derived(_catalog, default=BUILTIN_CATALOG)
+    catalog: Catalog = derived(
+        _catalog,
+        default=BUILTIN_CATALOG,
+        heading="Catalogue and budgets",
+        documents=(
+            Documented(
+                "MLPA_CATALOG_FILE",
+                "path",
+                "A TOML catalogue replacing the built-in one: service types, purposes, budget tiers, models"
+                " (`docs/catalog.md`; `config/catalog.toml` is the built-in one). Checked at start, every"
+                " mistake listed.",
+                "the built-in catalogue",
+            ),
+            *_BUDGET_VARIABLES,
+        ),
+    )
     signup_cap: SignupCapSettings = SignupCapSettings()
-    store: str = variable("MLPA_STORE", "postgres", choices=("postgres", "memory"))
+    store: str = variable(
+        "MLPA_STORE",
+        "postgres",
+        choices=("postgres", "memory"),
+        heading="User store",
+        meaning="Where users live: PostgreSQL, or memory (tests and the demo: nothing persists).",
+    )
     postgres: PostgresSettings = PostgresSettings()
     app_attest: AppAttestSettings = AppAttestSettings()
     play: PlaySettings = PlaySettings()
@@ -566,7 +1032,8 @@ class SettingsReading(NamedTuple):
     problems: tuple[str, ...]
 
 
-def _field_default(spec: Field[Any]) -> Any:
+def field_default(spec: Field[Any]) -> Any:
+    """The default of a settings field (its factory's value for a mutable one)."""
     return spec.default_factory() if callable(spec.default_factory) else spec.default
 
 
@@ -592,7 +1059,7 @@ def _read_variable(
     env: _Env, spec: Field[Any], kind: Any, defaults: Mapping[str, Any], section: Mapping[str, Any]
 ) -> Any:
     var: Variable = spec.metadata[_VARIABLE]
-    default = section[var.follows] if var.follows else _field_default(spec)
+    default = section[var.follows] if var.follows else field_default(spec)
     if var.read is not None:
         return var.read(env, default)
     assert var.name is not None
@@ -614,6 +1081,11 @@ def _read_variable(
     else:
         raise TypeError(f"{var.name}: no reader for a {kind} setting")
     return var.normalize(value) if var.normalize else value
+
+
+def field_variable(spec: Field[Any]) -> Variable | None:
+    """How a settings field is read and what it means; None for a field no variable sets."""
+    return spec.metadata.get(_VARIABLE)
 
 
 def _variables(section: type) -> Iterator[tuple[Field[Any], Variable]]:

@@ -6,7 +6,8 @@ unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable and any other name close to a 
 (`LOG_LEVLE`) gets one WARNING at start-up naming what to use instead. `settings.py`
 applies the aliases; the entry points log the warnings once logging is configured, and a
 configuration error lists the unknown names in its one message. docs/migration.md has the
-same table for people.
+same table for people. The variables other code reads (gunicorn's config file, libraries)
+are known names too, and documented here.
 """
 
 from __future__ import annotations
@@ -73,9 +74,48 @@ NOT_READ: Mapping[str, str] = MappingProxyType(
     }
 )
 
-# Read by other code than the settings: gunicorn's config file, Google's and Sentry's libraries.
-READ_ELSEWHERE = frozenset(
-    {"GUNICORN_WORKERS", "WEB_CONCURRENCY", "GUNICORN_WORKER_CLASS", "GOOGLE_APPLICATION_CREDENTIALS", "SENTRY_ENVIRONMENT"}
+@dataclass(frozen=True, slots=True)
+class ReadElsewhere:
+    """A variable read by other code than the settings, as the configuration reference shows it."""
+
+    reader: str
+    accepts: str
+    meaning: str
+    # What the default is, for people; "unset" when absent.
+    default: str = "unset"
+    # The value that spells the default in an env file; None: the variable is left unset.
+    value: str | None = None
+
+
+# Read by other code than the settings: gunicorn's config file (whose own defaults
+# tests/unit/test_deploy_config.py holds to these), Google's and Sentry's libraries.
+READ_ELSEWHERE: Mapping[str, ReadElsewhere] = MappingProxyType(
+    {
+        "WEB_CONCURRENCY": ReadElsewhere(
+            "config/gunicorn.conf.py",
+            "integer ≥ 1",
+            "Gunicorn worker processes per pod; scale with pods instead.",
+            "`1`",
+            "1",
+        ),
+        "GUNICORN_WORKERS": ReadElsewhere(
+            "config/gunicorn.conf.py", "integer ≥ 1", "The same as `WEB_CONCURRENCY`, and wins when both are set."
+        ),
+        "GUNICORN_WORKER_CLASS": ReadElsewhere(
+            "config/gunicorn.conf.py",
+            "one of `uvloop`, `asyncio`",
+            "The event loop of aiohttp's gunicorn worker.",
+            "`uvloop`",
+            "uvloop",
+        ),
+        "SENTRY_ENVIRONMENT": ReadElsewhere("sentry-sdk", "text", "Sentry's environment tag.", "`production`"),
+        "GOOGLE_APPLICATION_CREDENTIALS": ReadElsewhere(
+            "google-auth",
+            "path",
+            "Service-account file of Application Default Credentials, which the Play Integrity calls use"
+            " unless `PLAY_INTEGRITY_CREDENTIALS_FILE` is set (on GKE, workload identity needs neither).",
+        ),
+    }
 )
 
 # Every unknown name with one of our prefixes is reported (with the closest known name when
@@ -111,7 +151,7 @@ def environment_notices(environ: Mapping[str, str], known: Iterable[str]) -> lis
     """One notice per renamed, no-longer-read or unknown variable in `environ`."""
     values = {name.upper(): value for name, value in environ.items()}
     names = set(values)
-    known_names = sorted(set(known) | READ_ELSEWHERE)
+    known_names = sorted(set(known) | set(READ_ELSEWHERE))
     notices: list[Notice] = []
     for name in sorted(names):
         if name in RENAMED:

@@ -20,7 +20,7 @@ EXIT_CONFIG = 78  # sysexits EX_CONFIG: a variable is missing or invalid
 # gunicorn's arbiter halts with this status when a worker exits with it before booting.
 GUNICORN_WORKER_BOOT_ERROR = 3
 
-CONFIG_HINT = 'every variable is listed in README "Configuration" and config/example.env'
+CONFIG_HINT = "every variable is listed in docs/configuration.md and config/example.env"
 # PostgreSQL out of reach, or the app database missing, when the app starts (serve, gunicorn).
 DATABASE_HINT = (
     "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME; "

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Iterator
 
 import aiohttp
@@ -19,13 +20,16 @@ import pytest
 from mlpa_aiohttp import __version__
 from mlpa_aiohttp.routes.health import MEMORY_STORE_STATE
 from mlpa_aiohttp.settings import variable_names
+from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
 from tests.support.processes import free_port, running_demo
 
 pytestmark = pytest.mark.e2e
 
+REPO = Path(__file__).resolve().parents[2]
+
 SUBCOMMANDS = ("serve", "demo", "fake-upstream", "migrate")
-# Read by config/gunicorn.conf.py (or the Google client library), not by the settings.
-OTHER_VARIABLES = {"GUNICORN_WORKERS", "WEB_CONCURRENCY", "GUNICORN_WORKER_CLASS", "GOOGLE_APPLICATION_CREDENTIALS"}
+# Read by config/gunicorn.conf.py or by libraries, not by the settings.
+OTHER_VARIABLES = frozenset(READ_ELSEWHERE)
 
 
 def cli(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
@@ -75,7 +79,21 @@ def test_help_names_the_variables_even_with_a_bad_port(command: str) -> None:
     }[command]
     assert expected <= named, expected - named
     if command == "serve":
-        assert 'README "Configuration"' in text and "32 bytes" in text and "--host" in text
+        assert "docs/configuration.md" in text and "32 bytes" in text and "--host" in text
+
+
+@pytest.mark.parametrize(("form", "committed"), [("--markdown", "docs/configuration.md"), ("--env", "config/example.env")])
+def test_config_prints_the_committed_reference_whatever_the_environment(form: str, committed: str) -> None:
+    """The reference shows defaults: a variable set (even an invalid one) changes nothing."""
+    result = cli("config", form, PORT="eighty", MLPA_STORE="memory")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (REPO / committed).read_text(encoding="utf-8")
+
+
+def test_config_needs_a_form() -> None:
+    result = cli("config")
+    assert result.returncode == 2
+    assert "one of the arguments --markdown --env is required" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["serve", "demo"])

@@ -1,7 +1,8 @@
 """The deployment files agree with the code and with each other.
 
 Variables: every one the manifests or config/example.env set is read by someone, and
-example.env documents all of them. Shutdown: terminationGracePeriodSeconds > preStop pause +
+example.env (made from the settings, tests/unit/test_config_reference.py) documents all of
+them and reads back as the defaults. Shutdown: terminationGracePeriodSeconds > preStop pause +
 gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain budget
 (compatibility.md D6). Probes point at the health routes.
 """
@@ -23,6 +24,7 @@ import yaml
 from gunicorn.config import Config as GunicornConfig
 
 from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings, SettingsError, variable_names
+from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
 
 from ..conftest import TEST_SECRETS
 
@@ -32,9 +34,8 @@ MANIFEST_DIR = ROOT / "config" / "kubernetes"
 EXAMPLE_ENV = ROOT / "config" / "example.env"
 DOCKERFILE = ROOT / "Dockerfile"
 
-# Read by config/gunicorn.conf.py or by sentry-sdk, not by mlpa_aiohttp.settings.
-NON_SETTINGS_VARIABLES = frozenset({"WEB_CONCURRENCY", "GUNICORN_WORKERS", "GUNICORN_WORKER_CLASS", "SENTRY_ENVIRONMENT"})
-KNOWN_VARIABLES = variable_names() | NON_SETTINGS_VARIABLES
+# Read by config/gunicorn.conf.py or by libraries, not by mlpa_aiohttp.settings.
+KNOWN_VARIABLES = variable_names() | frozenset(READ_ELSEWHERE)
 
 SECRET_VARIABLES = frozenset(
     {
@@ -103,15 +104,20 @@ ASSIGNMENT = re.compile(r"^(#?)([A-Z][A-Z0-9_]*)=(.*)$")
 
 
 def parse_example_env() -> list[tuple[str, str, bool, str]]:
-    """(name, value, active, comment) for each documented variable, in file order."""
+    """(name, value, active, comment) for each documented variable, in file order; the
+    comment is the block of comment lines right above it, joined."""
     entries = []
-    previous = ""
+    comment: list[str] = []
     for line in EXAMPLE_ENV.read_text().splitlines():
         match = ASSIGNMENT.match(line)
         if match:
             commented, name, value = match.groups()
-            entries.append((name, value, not commented, previous))
-        previous = line
+            entries.append((name, value, not commented, " ".join(comment)))
+            comment = []
+        elif line.startswith("# ") and not line.startswith("# === "):  # not a section heading
+            comment.append(line if not comment else line[2:])
+        else:
+            comment = []
     return entries
 
 

@@ -21,7 +21,11 @@ import pytest
 
 from mlpa_aiohttp import __main__ as cli
 from mlpa_aiohttp import startup
-from mlpa_aiohttp.settings import Settings
+from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings
+from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
+from mlpa_aiohttp.settings_reference import documented_names
+
+from ..conftest import TEST_SECRETS
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -47,6 +51,53 @@ def test_every_backlog_figure_is_the_settings_default() -> None:
     figures += [figure(m) for m in re.findall(r"^\| `LISTEN_BACKLOG` \| `([\d,]+)` \|", README, re.MULTILINE)]
     assert len(figures) >= 3, figures
     assert set(figures) == {default}
+
+
+# -- the configuration ---------------------------------------------------------------------------
+
+
+def test_the_readme_points_at_the_generated_configuration_reference() -> None:
+    assert "(docs/configuration.md)" in README
+    assert (REPO / "docs" / "configuration.md").is_file()
+
+
+def readme_configuration_rows() -> list[tuple[list[str], list[str]]]:
+    """(variable names, default literals) of each row of the README's configuration table;
+    the literals are the backticked values that open the default cell, one per name."""
+    match = re.search(r"^## Configuration\n(.*?)(?=^## )", README, re.MULTILINE | re.DOTALL)
+    rows = []
+    for line in (match.group(1) if match else "").splitlines():
+        if not line.startswith("| `"):
+            continue
+        first, default = [cell.strip() for cell in line.strip("|").split("|")][:2]
+        names = re.findall(r"`([A-Z][A-Z0-9_]*[A-Z0-9])`", first)
+        literals = re.findall(r"(?:^|, | / )`([^`]*)`", default)
+        rows.append((names, literals))
+    return rows
+
+
+def test_the_readme_configuration_table_agrees_with_the_settings() -> None:
+    """While the README keeps its summary table, each name in it is a variable the service
+    reads, and each default it spells out reads back as the settings' default."""
+    rows = readme_configuration_rows()
+    if not rows:
+        pytest.skip("the README has no configuration table; docs/configuration.md is the reference")
+    documented = set(documented_names())
+    baseline = Settings.from_environ(TEST_SECRETS)
+    checked = 0
+    for names, literals in rows:
+        assert set(names) <= documented, f"README names {set(names) - documented}, which nothing reads"
+        if len(literals) != len(names):
+            continue  # a default told in words ("unset", "the catalogue's tier")
+        for name, literal in zip(names, literals):
+            if name in READ_ELSEWHERE:
+                assert literal == READ_ELSEWHERE[name].value, name
+            elif name in DEFAULT_SECRETS:
+                assert literal == DEFAULT_SECRETS[name], name  # refused outside MLPA_DEBUG: not read back
+            else:
+                assert Settings.from_environ({**TEST_SECRETS, name: literal}) == baseline, f"README's default of {name}"
+            checked += 1
+    assert checked >= 50
 
 
 # -- the subcommands' exit statuses ----------------------------------------------------------
