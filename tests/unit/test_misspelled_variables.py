@@ -38,7 +38,7 @@ FOREIGN = {
     "KUBERNETES_PORT": "tcp://10.0.0.1:443", "KUBERNETES_PORT_443_TCP": "tcp://10.0.0.1:443",
     "KUBERNETES_PORT_443_TCP_ADDR": "10.0.0.1", "KUBERNETES_PORT_443_TCP_PORT": "443",
     "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
-    # The service links of our own Service (`mlpa`, config/kubernetes/service.yaml).
+    # The service links of our own Service (`mlpa`, config/kubernetes/base/service.yaml).
     "MLPA_SERVICE_HOST": "10.0.0.9", "MLPA_SERVICE_PORT": "80", "MLPA_SERVICE_PORT_HTTP": "80",
     "MLPA_PORT": "tcp://10.0.0.9:80", "MLPA_PORT_80_TCP": "tcp://10.0.0.9:80", "MLPA_PORT_80_TCP_ADDR": "10.0.0.9",
     "MLPA_PORT_80_TCP_PORT": "80", "MLPA_PORT_80_TCP_PROTO": "tcp",
