@@ -1,35 +1,24 @@
 """The SSE accountant's totals must not depend on where the network split the stream:
-real LiteLLM streams (read from ../shared at test time) and synthetic ones with usage and
-tool calls, cut at random points, give the same totals as one whole read."""
+real LiteLLM streams (the captures in tests/data) and synthetic ones with usage and tool
+calls, cut at random points, give the same totals as one whole read."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
 
 from mlpa_aiohttp.relay.sse import StreamAccountant
+from tests.real_litellm.captures import captures_dir
 
 from .conftest import fuzz_settings
 
-
-def _captures() -> Path:
-    """`shared/` sits beside the repository (CI's clone, /work/main) or beside the folder
-    of worktrees; MLPA_SHARED_DIR names it explicitly."""
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [Path(os.environ["MLPA_SHARED_DIR"])] if "MLPA_SHARED_DIR" in os.environ else []
-    candidates += [repo.parent / "shared", repo.parents[1] / "shared"]
-    for shared in candidates:
-        if (shared / "data" / "litellm-1.106.12").is_dir():
-            return shared / "data" / "litellm-1.106.12"
-    return candidates[0] / "data" / "litellm-1.106.12"
-
-
-CAPTURES = _captures()
+CAPTURES = captures_dir()
 REAL_STREAMS = sorted(CAPTURES.glob("*.sse"))
+if not REAL_STREAMS:  # an error, not an empty parameter set that pytest would skip
+    raise FileNotFoundError(f"no captured LiteLLM streams (*.sse) in {CAPTURES}")
 
 
 def totals(reads: list[bytes]) -> tuple[int, int, bool, tuple[str, ...]]:
@@ -45,7 +34,6 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-@pytest.mark.skipif(not REAL_STREAMS, reason=f"real LiteLLM captures not found at {CAPTURES}")
 @pytest.mark.parametrize("capture", REAL_STREAMS, ids=lambda p: p.name)
 def test_real_stream_totals_do_not_depend_on_read_boundaries(capture: Path) -> None:
     data = capture.read_bytes()

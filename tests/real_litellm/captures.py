@@ -1,6 +1,6 @@
-"""The real LiteLLM's responses captured byte for byte, read from the shared folder at test
-time (never copied into the repo): `<repo>/../shared/data/litellm-1.106.12`, or the folder
-named by `MLPA_LITELLM_CAPTURES`."""
+"""The real LiteLLM's answers captured byte for byte: `tests/data/litellm-1.106.12` (made by
+`python -m tests.real_litellm.capture`, its README says how), or the folder named by
+`MLPA_LITELLM_CAPTURES` (e.g. a fresh regeneration to try the tests against)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
 from multidict import CIMultiDict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from .litellm_process import LITELLM_VERSION
+
 CAPTURES_ENV = "MLPA_LITELLM_CAPTURES"
-CAPTURES_SUBDIR = Path("shared") / "data" / "litellm-1.106.12"
+COMMITTED = Path(__file__).resolve().parents[1] / "data" / f"litellm-{LITELLM_VERSION}"
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,8 @@ class Capture:
 
 
 def captures_dir() -> Path:
-    """The env override, else `shared/` beside the repo (or beside one of its parent
-    folders, for a git worktree nested deeper than the main checkout)."""
     override = os.environ.get(CAPTURES_ENV)
-    if override:
-        return Path(override)
-    for folder in REPO_ROOT.parents:
-        if (folder / CAPTURES_SUBDIR).is_dir():
-            return folder / CAPTURES_SUBDIR
-    return REPO_ROOT.parent / CAPTURES_SUBDIR
-
-
-def require_captures() -> Path:
-    folder = captures_dir()
-    if not (folder / "README.md").is_file():
-        pytest.skip(f"LiteLLM captures not found at {folder} (set {CAPTURES_ENV})")
-    return folder
+    return Path(override) if override else COMMITTED
 
 
 @cache
@@ -84,9 +70,4 @@ def _load(folder: str, name: str) -> Capture:
 
 
 def load(name: str) -> Capture:
-    return _load(str(require_captures()), name)
-
-
-def names() -> list[str]:
-    folder = captures_dir()
-    return sorted(path.stem for path in folder.glob("*.http")) if folder.is_dir() else []
+    return _load(str(captures_dir()), name)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -26,10 +25,9 @@ from collections.abc import Awaitable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import pytest
-import yaml
 from aiohttp import web
 
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
@@ -37,19 +35,12 @@ from tests.support.fake_provider import Behaviour, FakeProvider
 from tests.support.processes import stop_process
 
 from ..conftest import TEST_SECRETS
+from .litellm_process import NOT_INSTALLED, REPO_ROOT, RealLiteLLM, launch_litellm, litellm_executable
 
-
-HERE = Path(__file__).resolve().parent
-REPO_ROOT = HERE.parents[1]
-LITELLM_VERSION = "1.106.12"
 MASTER_KEY = TEST_SECRETS["MASTER_KEY"]  # LiteLLM without a database knows only its master key
 START_TIMEOUT = 120.0
 PROVIDER_TIMEOUT = 1.0  # LiteLLM's timeout for the provider: the slow model exceeds it
 T = TypeVar("T")
-NOT_INSTALLED = (
-    "real LiteLLM not installed (python3 -m venv .venv-litellm && "
-    ".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
-)
 
 # LiteLLM model group -> the provider behaviour its deployment asks for.
 MODEL_GROUPS: dict[str, Behaviour] = {
@@ -116,17 +107,6 @@ class Fakes:
 
 
 @dataclass
-class RealLiteLLM:
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
-    started_in: float
-
-    def log_tail(self, lines: int = 20) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-@dataclass
 class Service:
     process: subprocess.Popen
     base_url: str
@@ -143,16 +123,6 @@ class Service:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-
-def litellm_executable() -> str | None:
-    override = os.environ.get("MLPA_LITELLM_BIN")
-    if override:
-        return override if Path(override).is_file() else None
-    for candidate in (REPO_ROOT / ".venv-litellm" / "bin" / "litellm", Path(sys.executable).parent / "litellm"):
-        if candidate.is_file():
-            return str(candidate)
-    return shutil.which("litellm")
 
 
 def litellm_config(provider_url: str) -> dict[str, Any]:
@@ -240,34 +210,9 @@ def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iter
     executable = litellm_executable()
     if executable is None:
         pytest.skip(NOT_INSTALLED)
-    workdir = tmp_path_factory.mktemp("litellm")
-    config_path = workdir / "config.yaml"
-    config_path.write_text(yaml.safe_dump(litellm_config(fakes.provider_url)))
-    shutil.copy(HERE / "litellm_hooks.py", workdir / "litellm_hooks.py")
-    port = free_port()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("DATABASE_", "LITELLM_", "PROMETHEUS_")) and key not in ("PYTHONPATH", "VIRTUAL_ENV")
-    }
-    env.update(
-        {
-            "PYTHONPATH": str(workdir),  # the config's callback module
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the price map at start
-            "LITELLM_LOG": "ERROR",
-        }
-    )
-    log_path = workdir / "litellm.log"
-    log_file: IO[bytes] = log_path.open("wb")
     started = time.monotonic()
-    process = subprocess.Popen(
-        [executable, "--config", str(config_path), "--host", "127.0.0.1", "--port", str(port), "--telemetry", "False"],
-        cwd=workdir,
-        env=env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
-    server = RealLiteLLM(process, f"http://127.0.0.1:{port}", log_path, 0.0)
+    server = launch_litellm(executable, litellm_config(fakes.provider_url), tmp_path_factory.mktemp("litellm"), free_port())
+    process = server.process
     try:
         if not wait_for_http(f"{server.base_url}/health/liveliness", process, START_TIMEOUT):
             last = (server.log_tail(1) or "no output").strip()
@@ -279,7 +224,6 @@ def real_litellm(fakes: Fakes, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield server
     finally:
         stop_process(process)
-        log_file.close()
 
 
 def service_env(litellm: RealLiteLLM, fakes: Fakes, port: int, **extra: str) -> dict[str, str]:

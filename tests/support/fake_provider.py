@@ -72,7 +72,8 @@ _ERRORS: dict[Behaviour, tuple[int, dict[str, Any], dict[str, str]]] = {
     ),
     Behaviour.THROTTLE: (
         429,
-        _openai_error("Resource exhausted. Please try again later.", "resource_exhausted", "429"),
+        # A throttling gateway's body: no `param` (the captures' provider sent none either).
+        {"error": {"message": "Resource exhausted. Please try again later.", "type": "resource_exhausted", "code": "429"}},
         {},
     ),
     Behaviour.CONTEXT: (
@@ -296,6 +297,7 @@ def _completion(model: str) -> dict[str, Any]:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "".join(REPLY_WORDS), "refusal": None},
+                "logprobs": None,
                 "finish_reason": "stop",
             }
         ],

@@ -29,7 +29,11 @@ from .app_attest_vectors import VECTORS_ENV, RealAssertion, RealAttestation, loa
 
 _FOLDER = vectors_dir()
 if _FOLDER is None:
-    pytest.skip(f"no App Attest vectors (shared/data/appattest-vectors beside the repo, or ${VECTORS_ENV})", allow_module_level=True)
+    pytest.skip(
+        f"App Attest vectors not found: set {VECTORS_ENV} to their folder (appattest-vectors), "
+        "or put it at shared/data/appattest-vectors beside the repository",
+        allow_module_level=True,
+    )
 
 VECTORS = load_vectors(_FOLDER)
 ROOT = production_root()

@@ -57,7 +57,7 @@ def test_error_detail_prefers_error_message_and_unwraps_python_dicts() -> None:
     assert error_detail("plain text") == "plain text"
 
 
-# -- what the real LiteLLM sends (captures of LiteLLM 1.106.12, read from the shared folder) ----
+# -- what the real LiteLLM sends (captures of LiteLLM 1.106.12 in tests/data) ---------------------
 
 # capture name -> (status, code, Retry-After, availability reason), or None for unclassified
 CAPTURED = {
@@ -74,7 +74,7 @@ CAPTURED = {
     "err_slow_nonstream": None,  # 408: passed on with its status, as the reference would
     "err_malformed_json": None,
     "err_missing_messages": None,
-    "search_nodb": None,
+    "search_unknown_tool": None,
 }
 
 

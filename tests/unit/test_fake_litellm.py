@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -804,10 +805,11 @@ async def test_run_fake_upstream_serves_until_cancelled(session: aiohttp.ClientS
 
 # ---- the fake against the real LiteLLM's captured wire ------------------------------------------
 
-# capture (shared/data/litellm-1.106.12) -> the fake's scenario for the same request. Not
+# capture (tests/data/litellm-1.106.12) -> the fake's scenario for the same request. Not
 # compared: LiteLLM's own mock_response (not a provider path), answers that only exist
-# without LiteLLM's database (customer_*, search_nodb, err_bad_key, err_no_key, readiness),
-# and requests LiteLLM passes on unchanged (err_bad_role, err_temperature_string, router RPM).
+# without LiteLLM's database (customer_*, err_bad_key, err_no_key, readiness), a search tool
+# LiteLLM does not know (search_unknown_tool), and requests LiteLLM passes on unchanged
+# (err_bad_role, err_temperature_string, router RPM).
 CAPTURED_CASES: dict[str, Scenario] = {
     "nonstream_ok": Scenario.OK,
     "stream_ok": Scenario.OK,
@@ -839,6 +841,8 @@ VARYING_HEADER_VALUES = {
     "x-litellm-response-cost", "x-litellm-key-spend", "x-litellm-model-name",
 }  # fmt: skip
 VARYING_FIELDS = {"id", "created"}
+# A timeout's message prints the time LiteLLM measured ("time taken=3.01 seconds").
+MEASURED_TIME = re.compile(r"time taken=[\d.]+ seconds")
 
 
 def _normalized(value: Any) -> Any:
@@ -846,6 +850,8 @@ def _normalized(value: Any) -> Any:
         return {k: "<varies>" if k in VARYING_FIELDS else _normalized(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_normalized(item) for item in value]
+    if isinstance(value, str):
+        return MEASURED_TIME.sub("time taken=<measured> seconds", value)
     return value
 
 
