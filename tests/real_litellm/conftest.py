@@ -6,7 +6,7 @@ once under gunicorn) against it. The provider and a fake FxA run in a thread of 
 with their own event loop, so session-scoped processes can use them across tests.
 
 LiteLLM is looked up as `MLPA_LITELLM_BIN`, else `<repo>/.venv-litellm/bin/litellm` (made by
-.ci/run from requirements.txt here), else `litellm` beside this Python. Where it is not
+.ci/run with setup.cfg's `real-litellm` pin), else `litellm` beside this Python. Where it is not
 installed or does not start, the suite skips with one line.
 """
 
@@ -37,18 +37,18 @@ from tests.support.fake_provider import Behaviour, FakeProvider
 from tests.support.processes import stop_process
 
 from ..conftest import TEST_SECRETS
+from .pins import LITELLM_VERSION
 
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-LITELLM_VERSION = "1.106.12"
 MASTER_KEY = TEST_SECRETS["MASTER_KEY"]  # LiteLLM without a database knows only its master key
 START_TIMEOUT = 120.0
 PROVIDER_TIMEOUT = 1.0  # LiteLLM's timeout for the provider: the slow model exceeds it
 T = TypeVar("T")
 NOT_INSTALLED = (
     "real LiteLLM not installed (python3 -m venv .venv-litellm && "
-    ".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
+    ".venv-litellm/bin/pip install $(python3 tests/real_litellm/pins.py real-litellm))"
 )
 
 # LiteLLM model group -> the provider behaviour its deployment asks for.
