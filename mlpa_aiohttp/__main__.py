@@ -266,10 +266,11 @@ async def _demo(port: int, log_level: str) -> int:
     from .app import create_app
     from .store.memory import MemoryUserStore
     from .testing.fake_fxa import FakeFxA
-    from .testing.fake_litellm import FakeLiteLLM
+    from .testing.fake_litellm import FakeLiteLLM, MemoryCustomerTable
 
     configure_logging(level=log_level, json=False)
-    fake_litellm = FakeLiteLLM(interval=0.05, chunks=20)
+    litellm_customers = MemoryCustomerTable()
+    fake_litellm = FakeLiteLLM(interval=0.05, chunks=20, customer_table=litellm_customers)
     fake_fxa = FakeFxA()
     ui_key = os.environ.get("MLPA_UI_ACCESS_KEY", "").strip() or f"demo-ui-{secrets.token_urlsafe(12)}"
     runners: list[web.AppRunner] = []
@@ -292,7 +293,7 @@ async def _demo(port: int, log_level: str) -> int:
         # /v1/usage (the store's) agree: the tiers the service writes at start, and each
         # completion's cost added to the in-memory store's row as LiteLLM adds it to its table.
         for tier in settings.budgets.values():
-            fake_litellm.add_budget(
+            litellm_customers.add_budget(
                 tier.budget_id, max_budget=tier.max_budget, budget_duration=tier.budget_duration,
                 tpm_limit=tier.tpm_limit, rpm_limit=tier.rpm_limit,
             )

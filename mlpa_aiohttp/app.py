@@ -67,6 +67,7 @@ from .store.base import UserStore
 from .store.memory import MemoryUserStore
 from .store.pools import open_pools
 from .store.postgres import PostgresUserStore
+from .store.budget_links import BudgetLinks
 from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
@@ -196,12 +197,14 @@ async def _store_context(app: web.Application) -> AsyncIterator[None]:
             store = PostgresUserStore.from_settings(pools, app[keys.LITELLM], settings)
             challenges = PostgresChallengeStore(pools.app, settings.app_attest.challenge_expiry_seconds)
             public_keys = PostgresPublicKeyStore(pools.app)
-        await store.ensure_budgets(settings.budgets)
+        budget_links = BudgetLinks(store, settings.budgets, app[keys.METRICS])
+        await budget_links.ensure_at_start()
         await store.ensure_capacity_state(
             settings.signup_cap.max_signed_in_users, settings.signup_cap.capped_service_types
         )
         app[keys.STORE] = store
-        app[keys.PROVISIONER] = Provisioner(store, settings.budgets, settings.signup_cap)
+        app[keys.BUDGET_LINKS] = budget_links
+        app[keys.PROVISIONER] = Provisioner(store, budget_links, settings.budgets.keys(), settings.signup_cap)
         app[keys.APP_ATTEST] = AppAttest(
             challenges=challenges, keys=public_keys, settings=settings.app_attest, metrics=app[keys.METRICS]
         )

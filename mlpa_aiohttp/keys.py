@@ -21,6 +21,7 @@ from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .settings import Settings
 from .store.base import UserStore
+from .store.budget_links import BudgetLinks
 from .store.pools import Pools
 from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
@@ -46,6 +47,8 @@ HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)
 STORE = web.AppKey("store", UserStore)
+# Budget rows and users' links to them, repaired when LiteLLM's foreign key finds a row gone.
+BUDGET_LINKS = web.AppKey("budget_links", BudgetLinks)
 PROVISIONER = web.AppKey("provisioner", Provisioner)
 APP_ATTEST = web.AppKey("app_attest", AppAttest)
 PLAY_INTEGRITY = web.AppKey("play_integrity", PlayIntegrity)

@@ -138,6 +138,20 @@ class Metrics:
         self.signup_cap_enforced = Gauge(
             "mlpa_signup_cap_enforced", "1 when the signup cap is enforced", registry=r, multiprocess_mode="mostrecent"
         )
+        # LiteLLM's budget state repaired (store/budget_links.py); `at`: start, admission,
+        # request, budget_change. Any count means a tier's budget row had been deleted.
+        self.budget_rows_restored = Counter(
+            "mlpa_budget_rows_restored",
+            "Service types' budget rows written again after LiteLLM's foreign key found them missing",
+            ("service_type", "at"),
+            registry=r,
+        )
+        self.budget_links_restored = Counter(
+            "mlpa_budget_links_restored",
+            "End users whose unset budget (its row had been deleted) was set back to their service type's",
+            ("service_type", "at"),
+            registry=r,
+        )
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
         self.upstream_retries = Counter(
             "mlpa_upstream_retries",

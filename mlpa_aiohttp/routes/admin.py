@@ -186,8 +186,9 @@ async def set_budget(request: web.Request) -> web.Response:
     service_type = name
     budget_id = catalog.budgets[service_type].budget_id
     try:
-        user = await request.config_dict[keys.STORE].set_budget(user_id, budget_id)
-    except StoreUnavailable:
+        # An id the wire rules refuse is never stored: the store finds nothing (404).
+        user = await request.config_dict[keys.BUDGET_LINKS].set_budget(user_id, service_type)
+    except StoreUnavailable:  # its cause is logged where it happened
         raise ServerFault({"error": "Error updating user budget"}) from None
     if user is None:
         raise NotFound("User not found.")

@@ -36,6 +36,11 @@ class CapacityStateMissing(Exception):
     """The signup-capacity row was never seeded (run the migrations)."""
 
 
+class BudgetMissing(Exception):
+    """LiteLLM's foreign key refused a budget id: its row in `"LiteLLM_BudgetTable"` is gone
+    (deleted through LiteLLM's budget API, or never created)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EndUser:
     user_id: str
@@ -89,6 +94,12 @@ class UserStore(Protocol):
         duplicate is harmless), then re-read; None when the user still does not exist."""
         ...
 
+    async def relink_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        """Give a user whose budget is unset (LiteLLM's foreign key sets it NULL when the
+        budget row is deleted) `budget_id`; None when it had one (or no longer exists).
+        Raises `BudgetMissing` when that budget's row is gone too."""
+        ...
+
     async def get_usage(self, user_id: str) -> BudgetUsage | None:
         """The user's spend joined with its budget's limits; None when the user does not
         exist. Reads one user only: the id is the authenticated caller's own."""
@@ -107,7 +118,17 @@ class UserStore(Protocol):
     async def capacity_state(self) -> CapacityState | None: ...
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None: ...
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> Mapping[str, int]:
+        """Write each service type's budget row (as LiteLLM writes its own), then relink the
+        users of each type whose budget is unset; returns how many per service type. A tier
+        that fails is logged and skipped: the others still get written."""
+        ...
+
+    async def restore_budget(self, tier: BudgetTier) -> None:
+        """Write one tier's budget row again (raises `StoreUnavailable`)."""
+        ...
+
+    async def budget_exists(self, budget_id: str) -> bool: ...
 
     async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None: ...
 
@@ -116,7 +137,9 @@ class UserStore(Protocol):
 
     async def counts_by_service_type(self) -> dict[str, int]: ...
 
-    async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None: ...
+    async def set_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        """None when the user does not exist; raises `BudgetMissing` when the budget's row is gone."""
+        ...
 
     async def set_blocked(self, user_id: str, blocked: bool) -> EndUser | None: ...
 

@@ -1,8 +1,9 @@
 """In-process user store for the demo and tests (`MLPA_STORE=memory`).
 
 Same contract as the Postgres store: users are created through LiteLLM's `/customer/new`
-(so the demo's fake LiteLLM sees the call), and the signup cap is a set of claimed base
-identities guarded by one lock. Nothing survives a restart.
+(so the demo's fake LiteLLM sees the call), a budget id needs its budget (as LiteLLM's
+foreign key requires a row), and the signup cap is a set of claimed base identities guarded
+by one lock. Nothing survives a restart.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 from ..catalog import BudgetTier
 from .base import (
     Admission,
+    BudgetMissing,
     BudgetUsage,
     CapacityState,
     CapacityStateMissing,
@@ -50,11 +52,24 @@ class MemoryUserStore:
         require_identifier(user_id)
         await self._customers.create_customer(user_id, budget_id)
         # The Postgres store re-reads LiteLLM's table here; in memory we record the row
-        # LiteLLM would have written (setdefault keeps a concurrent creator's row).
-        row = self._users.setdefault(
-            user_id,
-            {"user_id": user_id, "alias": None, "spend": 0.0, "budget_id": budget_id, "blocked": False},
-        )
+        # LiteLLM would have written (a concurrent creator's row stays; LiteLLM refuses a
+        # budget with no row).
+        row = self._users.get(user_id)
+        if row is None:
+            if budget_id not in self._budgets:
+                return None
+            row = self._users[user_id] = {
+                "user_id": user_id, "alias": None, "spend": 0.0, "budget_id": budget_id, "blocked": False,
+            }  # fmt: skip
+        return _end_user(row)
+
+    async def relink_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        row = self._users.get(user_id)
+        if row is None or row.get("budget_id") is not None:
+            return None
+        if budget_id not in self._budgets:
+            raise BudgetMissing()
+        row["budget_id"] = budget_id
         return _end_user(row)
 
     async def get_usage(self, user_id: str) -> BudgetUsage | None:
@@ -113,8 +128,21 @@ class MemoryUserStore:
         return any(f"{base_identity}:{st}" in self._users for st in capped)
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None:
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> Mapping[str, int]:
         self._budgets = {tier.budget_id: tier for tier in budgets.values()}
+        relinked: Counter[str] = Counter()
+        for row in self._users.values():
+            _, _, service_type = row["user_id"].partition(":")
+            if row.get("budget_id") is None and service_type in budgets:
+                row["budget_id"] = budgets[service_type].budget_id
+                relinked[service_type] += 1
+        return dict(relinked)
+
+    async def restore_budget(self, tier: BudgetTier) -> None:
+        self._budgets[tier.budget_id] = tier
+
+    async def budget_exists(self, budget_id: str) -> bool:
+        return budget_id in self._budgets
 
     async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None:
         capped_values = set(capped)
@@ -139,6 +167,8 @@ class MemoryUserStore:
         row = self._users.get(user_id)
         if row is None:
             return None
+        if budget_id not in self._budgets:
+            raise BudgetMissing()
         row["budget_id"] = budget_id
         return _end_user(row)
 

@@ -13,18 +13,28 @@ import datetime
 import decimal
 import logging
 import uuid
-from typing import Any, Mapping
+from typing import Any, Awaitable, Mapping, TypeVar
 
 import asyncpg
 
 from ..catalog import BudgetTier
 from ..settings import PostgresSettings, Settings
 from ..wire import is_identifier
-from .base import Admission, BudgetUsage, CapacityState, CustomerCreator, EndUser, require_identifier
+from .base import (
+    Admission,
+    BudgetMissing,
+    BudgetUsage,
+    CapacityState,
+    CustomerCreator,
+    EndUser,
+    StoreUnavailable,
+    require_identifier,
+)
 from .capacity import SignupCapacity
-from .pools import DATABASE_ERRORS, Budgets, Pools, retry_stale, transaction
+from .pools import DATABASE_ERRORS, Budgets, Pools, db_errors, retry_stale, transaction
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # LiteLLM's tables: the names are quoted because LiteLLM created them mixed-case.
 _SELECT_USER = 'SELECT * FROM "LiteLLM_EndUserTable" WHERE user_id = $1'
@@ -37,18 +47,42 @@ LEFT JOIN "LiteLLM_BudgetTable" b ON b.budget_id = u.budget_id
 WHERE u.user_id = $1
 """
 
+# LiteLLM's timestamps are `timestamp(3)` without a zone, written in UTC whatever the
+# session's TimeZone: `now()` converted to UTC, as LiteLLM writes them. The author is the
+# name LiteLLM's own budget endpoints write for its admin.
 _UPSERT_BUDGET = """
 INSERT INTO "LiteLLM_BudgetTable"
     (budget_id, max_budget, rpm_limit, tpm_limit, budget_duration,
      created_at, updated_at, created_by, updated_by)
-VALUES ($1, $2, $3, $4, $5, NOW(), NOW(), 'default_user_id', 'default_user_id')
+VALUES ($1, $2, $3, $4, $5, timezone('UTC', now()), timezone('UTC', now()), 'default_user_id', 'default_user_id')
 ON CONFLICT (budget_id) DO UPDATE SET
     max_budget = EXCLUDED.max_budget,
     rpm_limit = EXCLUDED.rpm_limit,
     tpm_limit = EXCLUDED.tpm_limit,
     budget_duration = EXCLUDED.budget_duration,
-    updated_at = NOW(),
-    updated_by = 'default_user_id'
+    updated_at = EXCLUDED.updated_at,
+    updated_by = EXCLUDED.updated_by
+"""
+
+_BUDGET_EXISTS = 'SELECT EXISTS (SELECT 1 FROM "LiteLLM_BudgetTable" WHERE budget_id = $1)'
+
+# Only an unset budget is given back: a budget an operator chose stays.
+_RELINK_USER = (
+    'UPDATE "LiteLLM_EndUserTable" SET budget_id = $2 WHERE user_id = $1 AND budget_id IS NULL RETURNING *'
+)
+
+# Every user of a service type (the part of its id after the first ':', as provisioning reads
+# it) whose budget is unset gets that type's budget: one pass over the table for all types.
+_RELINK_ALL = """
+WITH relinked AS (
+    UPDATE "LiteLLM_EndUserTable" AS u SET budget_id = t.budget_id
+    FROM unnest($1::text[], $2::text[]) AS t(service_type, budget_id)
+    WHERE u.budget_id IS NULL
+      AND strpos(u.user_id, ':') > 0
+      AND substr(u.user_id, strpos(u.user_id, ':') + 1) = t.service_type
+    RETURNING t.service_type
+)
+SELECT service_type, count(*) AS relinked FROM relinked GROUP BY service_type
 """
 
 
@@ -76,6 +110,14 @@ def _as_utc(value: datetime.datetime | None) -> datetime.datetime | None:
     if value is not None and value.tzinfo is None:
         return value.replace(tzinfo=datetime.timezone.utc)
     return value
+
+
+async def _refused_budget_raises(write: Awaitable[T]) -> T:
+    """A write of a budget id, with LiteLLM's foreign key refusing it as `BudgetMissing`."""
+    try:
+        return await write
+    except asyncpg.ForeignKeyViolationError:
+        raise BudgetMissing() from None
 
 
 def record_dict(row: asyncpg.Record) -> dict[str, Any]:
@@ -131,6 +173,12 @@ class PostgresUserStore:
         await self._customers.create_customer(user_id, budget_id)
         return await self.get_user(user_id)
 
+    async def relink_budget(self, user_id: str, budget_id: str) -> EndUser | None:
+        row = await retry_stale(
+            "relink_budget", lambda: _refused_budget_raises(self._pools.litellm.fetchrow(_RELINK_USER, user_id, budget_id))
+        )
+        return None if row is None else end_user(row)
+
     async def get_usage(self, user_id: str) -> BudgetUsage | None:
         if not is_identifier(user_id):
             return None  # never stored, as in get_user
@@ -159,21 +207,35 @@ class PostgresUserStore:
         return await self._capacity.state()
 
     # -- startup -------------------------------------------------------------------
-    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> None:
+    async def ensure_budgets(self, budgets: Mapping[str, BudgetTier]) -> Mapping[str, int]:
         # As in the reference: one tier failing must not keep the others out.
+        written: dict[str, str] = {}
         for service_type, tier in budgets.items():
             try:
-                async with transaction(self._pools.litellm, self._budgets.default) as conn:
-                    await conn.execute(
-                        _UPSERT_BUDGET,
-                        tier.budget_id,
-                        tier.max_budget,
-                        tier.rpm_limit,
-                        tier.tpm_limit,
-                        tier.budget_duration,
-                    )
-            except DATABASE_ERRORS as exc:
+                await self.restore_budget(tier)
+            except StoreUnavailable as exc:
                 log.error("budget upsert failed for %s (%s): %s", service_type, tier.budget_id, exc)
+            else:
+                written[service_type] = tier.budget_id
+        if not written:
+            return {}
+        try:
+            async with transaction(self._pools.litellm, self._budgets.maintenance) as conn:
+                rows = await conn.fetch(_RELINK_ALL, list(written), list(written.values()))
+        except DATABASE_ERRORS as exc:
+            log.error("budget relink at start failed: %s", exc)
+            return {}
+        return {row["service_type"]: int(row["relinked"]) for row in rows}
+
+    async def restore_budget(self, tier: BudgetTier) -> None:
+        with db_errors("restore_budget"):
+            async with transaction(self._pools.litellm, self._budgets.default) as conn:
+                await conn.execute(
+                    _UPSERT_BUDGET, tier.budget_id, tier.max_budget, tier.rpm_limit, tier.tpm_limit, tier.budget_duration
+                )
+
+    async def budget_exists(self, budget_id: str) -> bool:
+        return bool(await retry_stale("budget_exists", lambda: self._pools.litellm.fetchval(_BUDGET_EXISTS, budget_id)))
 
     async def ensure_capacity_state(self, max_identities: int, capped: frozenset[str]) -> None:
         await self._capacity.seed(max_identities)
@@ -213,8 +275,10 @@ class PostgresUserStore:
             return None
         row = await retry_stale(
             "set_budget",
-            lambda: self._pools.litellm.fetchrow(
-                'UPDATE "LiteLLM_EndUserTable" SET budget_id = $2 WHERE user_id = $1 RETURNING *', user_id, budget_id
+            lambda: _refused_budget_raises(
+                self._pools.litellm.fetchrow(
+                    'UPDATE "LiteLLM_EndUserTable" SET budget_id = $2 WHERE user_id = $1 RETURNING *', user_id, budget_id
+                )
             ),
         )
         return None if row is None else end_user(row)

@@ -2,21 +2,22 @@
 refuse a blocked one (compatibility.md §3.1, §3.2).
 
 Creation (claim a slot, create the user, give the slot back on failure) runs shielded
-from the request: a client that leaves mid-way must never leak a capacity slot.
+from the request: a client that leaves mid-way must never leak a capacity slot. A user
+found with no budget (its row was deleted) gets its tier's back (budget_links.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Mapping
+from typing import Collection
 
 import structlog
 
-from ..catalog import BudgetTier
 from ..errors import ApiError, BadRequest, ProvisioningFailed, SignupCapExceeded, UserBlocked
 from ..settings import SignupCapSettings
 from ..wire import is_base_identity
 from .base import CapacityStateMissing, EndUser, UserStore
+from .budget_links import BudgetLinks, BudgetRestoreFailed
 
 log = structlog.get_logger(__name__)
 
@@ -28,10 +29,11 @@ CAPACITY_MISSING = "Capacity state not initialized"
 
 class Provisioner:
     def __init__(
-        self, store: UserStore, budgets: Mapping[str, BudgetTier], signup_cap: SignupCapSettings
+        self, store: UserStore, budget_links: BudgetLinks, service_types: Collection[str], signup_cap: SignupCapSettings
     ) -> None:
         self._store = store
-        self._budgets = budgets
+        self._budget_links = budget_links
+        self._service_types = service_types
         self._cap = signup_cap
 
     async def provision(self, user_id: str) -> EndUser:
@@ -45,14 +47,13 @@ class Provisioner:
 
     async def _get_or_create(self, user_id: str) -> EndUser:
         base_identity, _, suffix = user_id.partition(":")
-        # The budgets name every service type of the loaded catalogue.
         service_type = suffix
-        if not is_base_identity(base_identity) or service_type not in self._budgets:
+        if not is_base_identity(base_identity) or service_type not in self._service_types:
             raise BadRequest(INVALID_USER_ID)
         try:
             user = await self._store.get_user(user_id)
             if user is not None:
-                return user
+                return user if user.budget_id is not None else await self._budget_links.relink(user, service_type)
             creation = asyncio.ensure_future(self._create(base_identity, user_id, service_type))
             try:
                 return await asyncio.shield(creation)
@@ -61,6 +62,8 @@ class Provisioner:
                 raise
         except ApiError:
             raise
+        except BudgetRestoreFailed:  # logged where it failed, with the database's message
+            raise ProvisioningFailed(CREATION_FAILED) from None
         except Exception as exc:
             log.error("provisioning_failed", error_type=type(exc).__name__, exc_info=exc)
             raise ProvisioningFailed(FETCH_FAILED) from None
@@ -76,7 +79,7 @@ class Provisioner:
                 raise SignupCapExceeded()
             newly_claimed = admission.newly_claimed
         try:
-            user = await self._store.create_user(user_id, self._budgets[service_type].budget_id)
+            user = await self._budget_links.create_user(user_id, service_type)
         except BaseException:
             if newly_claimed:
                 await self._release(base_identity)

@@ -1,3 +1,3 @@
 """DEVELOPMENT ONLY: the loopback fakes the `demo`, `stack` and `fake-upstream` commands run
-(LiteLLM, Firefox Accounts, LiteLLM's two tables). The tests' other fakes live in
+(LiteLLM, Firefox Accounts, LiteLLM's own database schema). The tests' other fakes live in
 `tests/support`, outside the package."""

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from aiohttp import web
 
@@ -42,9 +42,10 @@ __all__ = [
     "ERROR_SCENARIOS",
     "SCENARIO_HEADER",
     "CannedError",
-    "CustomerSink",
+    "CustomerExists",
+    "CustomerTable",
+    "MemoryCustomerTable",
     "SpendSink",
-    "BudgetSource",
     "FakeLiteLLM",
     "RecordedRequest",
     "Scenario",
@@ -368,13 +369,95 @@ def in_band_error_event(scenario: Scenario) -> bytes:
 ALL_SCENARIOS: tuple[Scenario, ...] = tuple(Scenario)
 ERROR_SCENARIOS: tuple[Scenario, ...] = tuple(ERROR_RESPONSES)
 
-CustomerSink = Callable[[str, str | None], Awaitable[None]]
-# Called with (end user id, cost in USD) after each charged completion, like LiteLLM's
-# spend update of its end-user row (the stack passes one that writes PostgreSQL).
+# Called with (end user id, cost in USD) after each charged completion, beside the customer
+# table's own spend update (the demo keeps its in-memory user store's spend with it).
 SpendSink = Callable[[str, float], Awaitable[None]]
 
-# Reads one row of LiteLLM's budget table (the stack's reads PostgreSQL); None: no such row.
-BudgetSource = Callable[[str], Awaitable[Mapping[str, Any] | None]]
+
+class CustomerExists(Exception):
+    """The end user is already in LiteLLM's table (its unique key on user_id)."""
+
+
+class CustomerTable(Protocol):
+    """LiteLLM's end-user table as `/customer/new`, `/customer/info` and spend tracking use it:
+    `MemoryCustomerTable` by default, `litellm_schema.EndUserTable` (PostgreSQL, LiteLLM's own
+    schema) for the stack and the tests on a real database."""
+
+    async def insert(self, user_id: str, budget_id: str | None) -> None:
+        """Raises `CustomerExists`; any other exception is the database refusing the row."""
+        ...
+
+    async def find(self, user_id: str) -> Mapping[str, Any] | None:
+        """The user as `/customer/info` answers it (its budget row joined), or None."""
+        ...
+
+    async def add_spend(self, user_id: str, cost: float) -> None: ...
+
+
+class MemoryCustomerTable:
+    """End users and budget rows in memory. Unlike LiteLLM's table it has no foreign key: a
+    budget id with no row (`add_budget`) is kept, and shows no budget row."""
+
+    def __init__(self) -> None:
+        self.customers: dict[str, dict[str, Any]] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
+
+    def add_budget(
+        self,
+        budget_id: str,
+        *,
+        max_budget: float | None = None,
+        budget_duration: str | None = None,
+        tpm_limit: int | None = None,
+        rpm_limit: int | None = None,
+    ) -> None:
+        """A row of LiteLLM's budget table, with the fields `/customer/info` shows."""
+        self.budgets[budget_id] = {
+            "budget_id": budget_id,
+            "soft_budget": None,
+            "max_budget": max_budget,
+            "max_parallel_requests": None,
+            "tpm_limit": tpm_limit,
+            "rpm_limit": rpm_limit,
+            "tpd_limit": None,
+            "model_max_budget": None,
+            "budget_duration": budget_duration,
+            "allowed_models": [],
+            "temp_budget_increase": None,
+            "temp_budget_expiry": None,
+            "budget_reset_at": None,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        }
+
+    async def insert(self, user_id: str, budget_id: str | None) -> None:
+        if user_id in self.customers:
+            raise CustomerExists(user_id)
+        self.customers[user_id] = {
+            "user_id": user_id,
+            "blocked": False,
+            "alias": None,
+            "spend": 0.0,
+            "allowed_model_region": None,
+            "default_model": None,
+            "models": [],
+            "budget_id": budget_id,
+            "litellm_budget_table": None,
+            "object_permission_id": None,
+            "object_permission": None,
+        }
+
+    async def find(self, user_id: str) -> Mapping[str, Any] | None:
+        customer = self.customers.get(user_id)
+        if customer is None:
+            return None
+        budget_id = customer["budget_id"]
+        return {**customer, "litellm_budget_table": self.budgets.get(budget_id) if budget_id else None}
+
+    async def add_spend(self, user_id: str, cost: float) -> None:
+        customer = self.customers.get(user_id)
+        if customer is not None:
+            customer["spend"] = float(customer["spend"]) + cost
+
 
 # USD per prompt token and per completion token of the fake's model: with the default 7
 # prompt and 5 completion tokens a completion costs 0.00012, the figure of the default
@@ -482,6 +565,14 @@ async def _forever() -> NoReturn:
 
 def _litellm_error(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": str(code)}}
+
+
+def _prisma_style_message(exc: Exception) -> str:
+    """A database error worded as LiteLLM reports Prisma's: a foreign key by its constraint."""
+    constraint = getattr(exc, "constraint_name", None)
+    if constraint and type(exc).__name__ == "ForeignKeyViolationError":
+        return f"Foreign key constraint failed on the field: `{constraint} (index)`"
+    return str(exc)
 
 
 class _StreamEvents:
@@ -593,9 +684,8 @@ class FakeLiteLLM:
         readiness_body: Mapping[str, Any] | None = None,
         scenario: Scenario | str = Scenario.OK,
         response_headers: Mapping[str, str] | None = None,
-        customer_sink: CustomerSink | None = None,
+        customer_table: CustomerTable | None = None,
         spend_sink: SpendSink | None = None,
-        budget_source: BudgetSource | None = None,
         keep_requests: int | None = None,
     ) -> None:
         self.virtual_key = virtual_key
@@ -625,16 +715,13 @@ class FakeLiteLLM:
                 "x-litellm-response-cost": "0.00012",
             }
         )
-        self.customer_sink = customer_sink
+        # LiteLLM's end users and budgets (`/customer/*`, spend): in memory unless given.
+        self.customer_table: CustomerTable = customer_table if customer_table is not None else MemoryCustomerTable()
         self.spend_sink = spend_sink
         # LiteLLM's spend tracking: each successful completion of an end user (the body's
         # `user`) adds its cost to that user's `spend`: `usage_cost` when set, else its
         # usage at these prices (None: an unpriced model, nothing is added).
         self.prices: tuple[float, float] | None = DEFAULT_PRICES
-        # LiteLLM_BudgetTable: the rows `/customer/info` joins as `litellm_budget_table`
-        # (from `budget_source` when one is given).
-        self.budgets: dict[str, dict[str, Any]] = {}
-        self.budget_source = budget_source
         self.readiness_status = "healthy"
         self.readiness_db = "connected"
         self.readiness_body: dict[str, Any] | None = (
@@ -642,7 +729,6 @@ class FakeLiteLLM:
         )
         self.readiness_down = False
         self.readiness_delay = 0.0
-        self.customers: dict[str, dict[str, Any]] = {}
         self.requests: collections.deque[RecordedRequest] = collections.deque(maxlen=keep_requests)
         self.dropped = 0
         self._connections: dict[int, _Connection] = {}
@@ -710,28 +796,6 @@ class FakeLiteLLM:
         headers.update(LITELLM_SECURITY_HEADERS)
         return headers
 
-    def add_budget(
-        self,
-        budget_id: str,
-        *,
-        max_budget: float | None = None,
-        budget_duration: str | None = None,
-        tpm_limit: int | None = None,
-        rpm_limit: int | None = None,
-    ) -> None:
-        """A row of LiteLLM's budget table (the service writes its tiers there at start)."""
-        self.budgets[budget_id] = {
-            "budget_id": budget_id,
-            "max_budget": max_budget,
-            "soft_budget": None,
-            "max_parallel_requests": None,
-            "tpm_limit": tpm_limit,
-            "rpm_limit": rpm_limit,
-            "model_max_budget": None,
-            "budget_duration": budget_duration,
-            "budget_reset_at": None,
-        }
-
     def completion_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         """What LiteLLM charges for one completion: its reported cost, else usage x price."""
         if self.usage_cost is not None:
@@ -748,16 +812,13 @@ class FakeLiteLLM:
         cost = self.completion_cost(self.prompt_tokens, completion_tokens)
         if cost <= 0:
             return
-        customer = self.customers.get(user)
-        if customer is not None:
-            customer["spend"] = float(customer["spend"]) + cost
+        await self.customer_table.add_spend(user, cost)
         if self.spend_sink is not None:
             await self.spend_sink(user, cost)
 
     def reset(self) -> None:
-        """Forget traffic, customers and queued scenarios; keep configuration."""
+        """Forget traffic and queued scenarios; keep configuration and the customer table."""
         self.requests.clear()
-        self.customers.clear()
         self.next_scenarios.clear()
         self.dropped = 0
         self._dropped_bodies.clear()
@@ -1206,36 +1267,25 @@ class FakeLiteLLM:
         budget_id = body.get("budget_id")
         if budget_id is not None and not isinstance(budget_id, str):
             return self._bad_request("budget_id must be a string")
-        duplicate = web.json_response(
-            _litellm_error(
-                f"Customer already exists, passed user_id={user_id}. Please pass a new user_id.",
-                "bad_request",
-                400,
-                "user_id",
-            ),
-            status=400,
-        )
-        if self.customer_sink is not None:
-            # With a sink, the real database decides uniqueness (as in LiteLLM): a failing
-            # insert is the duplicate answer.
-            try:
-                await self.customer_sink(user_id, budget_id)
-            except Exception:
-                return duplicate
-        elif user_id in self.customers:
-            return duplicate
-        customer = {
-            "user_id": user_id,
-            "blocked": bool(body.get("blocked", False)),
-            "alias": body.get("alias"),
-            "spend": 0.0,
-            "allowed_model_region": None,
-            "default_model": None,
-            "budget_id": budget_id,
-            "litellm_budget_table": None,
-        }
-        self.customers[user_id] = customer
-        return web.json_response(customer)
+        try:
+            await self.customer_table.insert(user_id, budget_id)
+        except CustomerExists:
+            # LiteLLM's one named refusal: its check of Prisma's unique-constraint message.
+            return web.json_response(
+                _litellm_error(
+                    f"Customer already exists, passed user_id={user_id}. Please pass a new user_id.",
+                    "bad_request",
+                    400,
+                    "user_id",
+                ),
+                status=400,
+            )
+        except Exception as exc:
+            # Every other database error: LiteLLM's generic handler, a 500 with its message.
+            return web.json_response(
+                _litellm_error(_prisma_style_message(exc), "internal_server_error", 500), status=500
+            )
+        return web.json_response(await self.customer_table.find(user_id))
 
     async def _handle_customer_info(self, request: web.Request) -> web.Response:
         await self._record(request)
@@ -1255,15 +1305,15 @@ class FakeLiteLLM:
                 },
                 status=422,
             )
-        customer = self.customers.get(end_user_id)
+        customer = await self.customer_table.find(end_user_id)
         if customer is None:
-            return web.json_response({"detail": "User not found"})  # LiteLLM answers 200 here
-        # LiteLLM reads the row with its budget (`include={"litellm_budget_table": True}`).
-        budget_id = customer["budget_id"]
-        budget: Mapping[str, Any] | None = None
-        if budget_id is not None:
-            budget = self.budgets.get(budget_id) if self.budget_source is None else await self.budget_source(budget_id)
-        return web.json_response({**customer, "litellm_budget_table": budget})
+            return web.json_response(
+                _litellm_error(
+                    f"End User Id={end_user_id} does not exist in db", "not_found", 404, "end_user_id"
+                ),
+                status=404,
+            )
+        return web.json_response(customer)
 
     async def _handle_readiness(self, request: web.Request) -> web.Response:
         record = await self._record(request)

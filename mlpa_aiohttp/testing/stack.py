@@ -4,8 +4,8 @@ Starts, on loopback:
 
 * the fake LiteLLM, with fresh random keys, writing the end users it creates into
   `"LiteLLM_EndUserTable"` of the PostgreSQL database the `DB_*` / `LITELLM_DB_NAME`
-  variables name (the two LiteLLM tables are created there first, as a real LiteLLM creates
-  its own at start; a database a real LiteLLM has migrated is refused);
+  variables name (LiteLLM's own migrations are applied there first, as a real LiteLLM applies
+  them at start; a database a real LiteLLM has migrated is refused);
 * the fake Firefox Accounts server, and mints an FxA access token with its signing key.
 
 Then prints the keys, the token and the `export` lines the service needs (also written to
@@ -30,14 +30,14 @@ from ..observability.logging import configure_logging
 from ..settings import PostgresSettings, Settings
 from .fake_fxa import API_PREFIX, FakeFxA
 from .fake_litellm import FakeLiteLLM
-from .litellm_schema import EndUserTable, RealLiteLLMDatabase, create_litellm_dev_schema
+from .litellm_schema import EndUserTable, LiteLLMSchemaUnavailable, RealLiteLLMDatabase, apply_litellm_schema
 
 # Not a service variable: the FxA access token for the newcomer's curl.
 TOKEN_VARIABLE = "FXA_TOKEN"
 CHAT_BODY = '{"model": "gpt-oss-120b", "stream": true, "messages": [{"role": "user", "content": "Hello!"}]}'
 BANNER = (
-    "DEVELOPMENT ONLY: fake LiteLLM and fake Firefox Accounts with throwaway keys; LiteLLM's "
-    "end-user and budget tables are development stand-ins. Never point this at production."
+    "DEVELOPMENT ONLY: fake LiteLLM and fake Firefox Accounts with throwaway keys, on a database "
+    "of LiteLLM's schema that this command owns. Never point this at production."
 )
 
 
@@ -90,29 +90,30 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
     print(BANNER, file=sys.stderr, flush=True)
     where = f"PostgreSQL at {pg.host}:{pg.port} as {pg.username!r}, database {pg.litellm_db_name!r}"
     try:
-        created = await create_litellm_dev_schema(pg)
+        schema = await apply_litellm_schema(pg)
         end_users = await EndUserTable.open(pg)
-    except RealLiteLLMDatabase as exc:
+    except (RealLiteLLMDatabase, LiteLLMSchemaUnavailable) as exc:
         print(f"stack: refused: {exc}", file=sys.stderr)
         return 1
     except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
         print(
-            f"stack: cannot prepare LiteLLM's tables on {where}: {type(exc).__name__}: {exc}\n"
+            f"stack: cannot prepare LiteLLM's schema on {where}: {type(exc).__name__}: {exc}\n"
             "  (the DB_* variables name the server and role; the role needs CREATEDB, see README"
             ' "Running it for real")',
             file=sys.stderr,
         )
         return 1
-    print(f"LiteLLM's development tables ready ({'created' if created else 'existing'} database) on {where}")
+    print(
+        f"LiteLLM's schema ready on {where}: {'new' if schema.database_created else 'existing'} database, "
+        f"{schema.migrations_applied} of LiteLLM's {schema.migrations_known} migrations applied now"
+    )
 
     fake_litellm = FakeLiteLLM(
         virtual_key=f"sk-fake-virtual-{secrets.token_hex(12)}",
         master_key=f"sk-fake-master-{secrets.token_hex(12)}",
         interval=0.05,
         chunks=20,
-        customer_sink=end_users.insert,
-        spend_sink=end_users.add_spend,
-        budget_source=end_users.budget_row,
+        customer_table=end_users,
         keep_requests=1000,
     )
     fake_fxa = FakeFxA(register_demo_token=False)

@@ -19,8 +19,10 @@ import structlog
 from aiohttp import hdrs
 
 from ..observability.metrics import Metrics
+from ..observability.upstream_text import upstream_text_for_log
 from ..settings import UpstreamSettings
 from .bodies import UpstreamBody
+from .classify import error_detail
 from .connector import make_connector, watching_connection
 
 log = structlog.get_logger(__name__)
@@ -279,9 +281,16 @@ class LiteLLMClient:
             headers=self._master_headers,
             timeout=self._admin_timeout,
         ) as response:
-            await response.read()
+            text = await response.text(errors="replace")
             if response.status >= 400:
-                log.info("litellm_customer_new_status", status=response.status)
+                # A duplicate (400, a concurrent creator) is expected; anything else is
+                # LiteLLM refusing the user, e.g. its foreign key on a missing budget row.
+                level = log.info if response.status == 400 else log.warning
+                level(
+                    "litellm_customer_new_status",
+                    status=response.status,
+                    upstream_detail=upstream_text_for_log(error_detail(text)),
+                )
 
     async def customer_info(self, user_id: str) -> UpstreamReply:
         async with self._session.get(

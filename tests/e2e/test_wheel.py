@@ -25,7 +25,6 @@ DEMO_FAKES = {
     "mlpa_aiohttp/testing/fake_fxa.py",
     "mlpa_aiohttp/testing/fake_litellm.py",
     "mlpa_aiohttp/testing/litellm_schema.py",
-    "mlpa_aiohttp/testing/litellm_dev_schema.sql",
     "mlpa_aiohttp/testing/stack.py",
 }
 TEST_ONLY_MODULES = ("postgres", "fake_sentry", "fake_google", "app_attest_device", "fake_provider")

@@ -56,7 +56,9 @@ async def fake_customer_info(request: web.Request) -> web.Response:
     if user_id == "empty:ai":
         return web.json_response({})
     if user_id.startswith("unknown"):
-        return web.json_response({"detail": "User not found"})  # LiteLLM's real answer
+        # LiteLLM 1.106.12's answer for an end user it does not have (a ProxyException).
+        error = {"message": f"End User Id={user_id} does not exist in db", "type": "not_found", "param": "end_user_id", "code": "404"}
+        return web.json_response({"error": error}, status=404)
     return web.json_response({"user_id": user_id, "spend": 0.25, "blocked": False, "litellm_budget_table": None})
 
 

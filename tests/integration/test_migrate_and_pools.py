@@ -19,7 +19,9 @@ from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
 from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
-from tests.support.postgres import LiteLLMTableCustomerCreator, ThrowawayPostgres
+from tests.support.postgres import ThrowawayPostgres
+
+from .conftest import RecordingCreator
 
 pytestmark = pytest.mark.postgres
 
@@ -133,7 +135,7 @@ async def test_pools_use_the_configured_session_settings(pg_settings: PostgresSe
 
 async def test_database_outage_and_recovery(pg_server: ThrowawayPostgres, pg_settings: PostgresSettings) -> None:
     async with open_pools(pg_settings) as pools:
-        store = PostgresUserStore(pools, LiteLLMTableCustomerCreator(pools.litellm), pg_settings)
+        store = PostgresUserStore(pools, RecordingCreator(), pg_settings)
         await store.ensure_capacity_state(10, frozenset())
         assert await store.get_user("x:ai") is None
         pg_server.stop()
@@ -160,7 +162,7 @@ async def test_database_outage_and_recovery(pg_server: ThrowawayPostgres, pg_set
 
 async def test_terminated_backends_are_replaced(pg_settings: PostgresSettings) -> None:
     async with open_pools(pg_settings) as pools:
-        store = PostgresUserStore(pools, LiteLLMTableCustomerCreator(pools.litellm), pg_settings)
+        store = PostgresUserStore(pools, RecordingCreator(), pg_settings)
         assert await store.get_user("x:ai") is None
         admin = await asyncpg.connect(
             host=pg_settings.host, port=pg_settings.port, user=pg_settings.username,

@@ -4,7 +4,7 @@ end users into the same database, FxA fake; outages answered with the reference 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import datetime
 
 import pytest
 
@@ -76,13 +76,13 @@ async def test_usage_reads_litellms_end_user_and_budget_tables(pg_service: Servi
     for uid in ("pg-uid", "other-uid"):
         token = pg_service.fxa.issue_jwt(uid)
         assert (await pg_service.chat(headers=pg_service.headers(authorization=f"Bearer {token}"))).status == 200
-    # What LiteLLM's spend tracking and budget reset job write.
+    # What LiteLLM's spend tracking and budget reset job write (its timestamps: UTC, no zone).
     await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = 0.0625 WHERE user_id = $1', "pg-uid:ai")
     await pools.litellm.execute('UPDATE "LiteLLM_EndUserTable" SET spend = 0.09 WHERE user_id = $1', "other-uid:ai")
     await pools.litellm.execute(
         'UPDATE "LiteLLM_BudgetTable" SET budget_reset_at = $2 WHERE budget_id = $1',
         "end-user-budget-ai",
-        datetime(2026, 12, 1, 6, 30, tzinfo=timezone.utc),
+        datetime(2026, 12, 1, 6, 30),
     )
     response = await pg_service.client.get("/v1/usage", headers=pg_service.headers(), params={"user_id": "other-uid:ai"})
     assert response.status == 200

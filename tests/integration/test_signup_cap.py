@@ -14,9 +14,7 @@ from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
-from tests.support.postgres import LiteLLMTableCustomerCreator
-
-from .conftest import insert_user
+from .conftest import RecordingCreator, insert_user
 
 pytestmark = pytest.mark.postgres
 
@@ -151,7 +149,7 @@ async def test_cancelled_release_and_create_leave_nothing_held(pg_store: Postgre
 
 
 async def test_lock_timeout_fails_fast(pools: Pools, pg_settings: PostgresSettings, locked_capacity_row: None) -> None:
-    store = PostgresUserStore(pools, LiteLLMTableCustomerCreator(pools.litellm), pg_settings, admission_lock_timeout_ms=200)
+    store = PostgresUserStore(pools, RecordingCreator(), pg_settings, admission_lock_timeout_ms=200)
     # LockNotAvailable is the lock timeout's error (a statement timeout would be another):
     # admission gave up waiting for the lock instead of queueing behind it.
     with pytest.raises(StoreUnavailable, match="LockNotAvailable"):
@@ -189,7 +187,7 @@ async def test_two_workers_starting_together_leave_a_correct_count(
         if i % 3 == 0:
             await insert_user(pools.litellm, f"user-{i}:ai-dev")
     async with open_pools(pg_settings) as other_pools:
-        other = PostgresUserStore(other_pools, LiteLLMTableCustomerCreator(other_pools.litellm), pg_settings)
+        other = PostgresUserStore(other_pools, RecordingCreator(), pg_settings)
         await asyncio.gather(
             pg_store.ensure_capacity_state(1000, CAPPED),
             other.ensure_capacity_state(1000, CAPPED),

@@ -25,13 +25,9 @@ UI = {"mlpa_ui_access_key": "Bearer sk-ui-test"}
 
 
 @pytest.fixture
-async def litellm(pools: Pools, pg_settings: PostgresSettings, aiohttp_server) -> AsyncIterator[tuple[FakeLiteLLM, TestServer]]:
-    table = await EndUserTable.open(pg_settings)
-    fake = FakeLiteLLM(master_key="sk-master-test", customer_sink=table.insert)
-    try:
-        yield fake, await aiohttp_server(fake.make_app())
-    finally:
-        await table.close()
+async def litellm(litellm_table: EndUserTable, aiohttp_server) -> tuple[FakeLiteLLM, TestServer]:
+    fake = FakeLiteLLM(master_key="sk-master-test", customer_table=litellm_table)
+    return fake, await aiohttp_server(fake.make_app())
 
 
 def settings(api_base: str, pg: PostgresSettings, *, enforce: bool) -> Settings:

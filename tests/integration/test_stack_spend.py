@@ -8,8 +8,6 @@ import aiohttp
 import pytest
 
 from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
-from mlpa_aiohttp.settings import PostgresSettings
-from mlpa_aiohttp.store.pools import Pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
 from mlpa_aiohttp.testing.litellm_schema import EndUserTable
@@ -22,31 +20,25 @@ USER = "stacked:ai"
 
 
 async def test_spend_and_budget_agree_between_the_fake_and_litellms_tables(
-    pools: Pools, pg_store: PostgresUserStore, pg_settings: PostgresSettings, aiohttp_server
+    pg_store: PostgresUserStore, litellm_table: EndUserTable, aiohttp_server
 ) -> None:
     await pg_store.ensure_budgets(DEFAULT_BUDGETS)  # what the service does at start
     tier = DEFAULT_BUDGETS[ServiceType.AI]
-    table = await EndUserTable.open(pg_settings)
-    try:
-        fake = FakeLiteLLM(
-            customer_sink=table.insert, spend_sink=table.add_spend, budget_source=table.budget_row, chunks=6
-        )
-        server = await aiohttp_server(fake.make_app())
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
-                server.make_url("/customer/new"), json={"user_id": USER, "budget_id": tier.budget_id}, headers=MASTER
-            ) as response:
-                assert response.status == 200
-            body = {"model": "m", "user": USER, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
-            async with session.post(server.make_url("/v1/chat/completions"), json=body, headers=VIRTUAL) as response:
-                assert response.status == 200
-                await response.read()
-            async with session.get(
-                server.make_url("/customer/info"), params={"end_user_id": USER}, headers=MASTER
-            ) as response:
-                litellm_view = await response.json()
-    finally:
-        await table.close()
+    fake = FakeLiteLLM(customer_table=litellm_table, chunks=6)
+    server = await aiohttp_server(fake.make_app())
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            server.make_url("/customer/new"), json={"user_id": USER, "budget_id": tier.budget_id}, headers=MASTER
+        ) as response:
+            assert response.status == 200
+        body = {"model": "m", "user": USER, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+        async with session.post(server.make_url("/v1/chat/completions"), json=body, headers=VIRTUAL) as response:
+            assert response.status == 200
+            await response.read()
+        async with session.get(
+            server.make_url("/customer/info"), params={"end_user_id": USER}, headers=MASTER
+        ) as response:
+            litellm_view = await response.json()
     usage = await pg_store.get_usage(USER)
     assert usage is not None
     expected = fake.completion_cost(fake.prompt_tokens, 6)

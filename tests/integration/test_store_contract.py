@@ -29,6 +29,12 @@ async def test_get_user_missing_then_present(any_store: StoreUnderTest) -> None:
     assert_json_ready(user.record)
 
 
+@pytest.fixture(autouse=True)
+async def started(any_store: StoreUnderTest) -> None:
+    """Each store as the service has it after its start: every tier's budget row written."""
+    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
+
+
 async def test_create_user_goes_through_litellm_and_is_idempotent(any_store: StoreUnderTest) -> None:
     store = any_store.store
     created = await store.create_user("u2:ai", AI_BUDGET)

@@ -6,7 +6,7 @@ once under gunicorn) against it. The provider and a fake FxA run in a thread of 
 with their own event loop, so session-scoped processes can use them across tests.
 
 LiteLLM is looked up as `MLPA_LITELLM_BIN`, else `<repo>/.venv-litellm/bin/litellm` (made by
-.ci/run from requirements.txt here), else `litellm` beside this Python. Where it is not
+.ci/run with setup.cfg's `real-litellm` pin), else `litellm` beside this Python. Where it is not
 installed or does not start, the suite skips with one line.
 """
 

@@ -2,7 +2,7 @@
 capture script: where its executable is, the environment it runs in, its start-up.
 
 LiteLLM is looked up as `MLPA_LITELLM_BIN`, else `<repo>/.venv-litellm/bin/litellm` (made by
-.ci/run from requirements.txt here), else `litellm` beside this Python.
+.ci/run with setup.cfg's `real-litellm` pin), else `litellm` beside this Python.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any
 
 import yaml
 
+from .pins import LITELLM_VERSION
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-LITELLM_VERSION = "1.106.12"
 NOT_INSTALLED = (
     "real LiteLLM not installed (python3 -m venv .venv-litellm && "
-    ".venv-litellm/bin/pip install -r tests/real_litellm/requirements.txt)"
+    ".venv-litellm/bin/pip install $(python3 tests/real_litellm/pins.py real-litellm))"
 )
 
 

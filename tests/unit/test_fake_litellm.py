@@ -20,6 +20,7 @@ from mlpa_aiohttp.testing.fake_litellm import (
     ERROR_SCENARIOS,
     SCENARIO_HEADER,
     FakeLiteLLM,
+    MemoryCustomerTable,
     Scenario,
     run_fake_upstream,
 )
@@ -678,7 +679,6 @@ async def test_customer_new_and_info(
         created = await resp.json()
     assert created["user_id"] == "u1:ai" and created["budget_id"] == "end-user-budget-ai"
     assert created["blocked"] is False
-    assert fake.customers["u1:ai"]["budget_id"] == "end-user-budget-ai"
 
     async with session.post(
         new_url, json={"user_id": "u1:ai", "budget_id": "other"}, headers=MASTER
@@ -686,44 +686,59 @@ async def test_customer_new_and_info(
         assert resp.status == 400
         error = (await resp.json())["error"]
     assert "already exists" in error["message"] and error["code"] == "400"
-    assert fake.customers["u1:ai"]["budget_id"] == "end-user-budget-ai"
 
     async with session.get(info_url, params={"end_user_id": "u1:ai"}, headers=MASTER) as resp:
         assert resp.status == 200
-        assert (await resp.json())["user_id"] == "u1:ai"
+        assert await resp.json() == created  # the first creation's budget: the duplicate changed nothing
+    # LiteLLM 1.106.12 answers an unknown end user with a 404 ProxyException.
     async with session.get(info_url, params={"end_user_id": "nobody"}, headers=MASTER) as resp:
-        assert resp.status == 200
-        assert await resp.json() == {"detail": "User not found"}
+        assert resp.status == 404
+        assert await resp.json() == {
+            "error": {
+                "message": "End User Id=nobody does not exist in db",
+                "type": "not_found",
+                "param": "end_user_id",
+                "code": "404",
+            }
+        }
 
     async with session.post(new_url, json={"user_id": "u2:ai"}, headers=VIRTUAL) as resp:
         assert resp.status == 401
+    async with session.get(info_url, params={"end_user_id": "u1:ai"}, headers=MASTER) as resp:
+        assert resp.status == 200
+    async with session.get(info_url, params={"end_user_id": "u2:ai"}, headers=MASTER) as resp:
+        assert resp.status == 404  # the unauthorized creation created nothing
     async with session.get(info_url, params={"end_user_id": "u1:ai"}, headers=VIRTUAL) as resp:
         assert resp.status == 401
-    assert "u2:ai" not in fake.customers
 
 
-async def test_customer_sink_is_awaited_and_decides_duplicates(
+async def test_the_customer_table_decides_duplicates_and_refusals(
     aiohttp_server: ServerFactory, session: aiohttp.ClientSession
 ) -> None:
-    rows: dict[str, str | None] = {}
+    class RefusingTable(MemoryCustomerTable):
+        """Refuses one budget id as LiteLLM's database refuses a budget with no row."""
 
-    async def sink(user_id: str, budget_id: str | None) -> None:
-        if user_id in rows:
-            raise RuntimeError("unique violation")
-        rows[user_id] = budget_id
+        async def insert(self, user_id: str, budget_id: str | None) -> None:
+            if budget_id == "gone":
+                raise RuntimeError("insert or update violates foreign key constraint")
+            await super().insert(user_id, budget_id)
 
-    fake = FakeLiteLLM(customer_sink=sink)
+    fake = FakeLiteLLM(customer_table=RefusingTable())
     server = await aiohttp_server(fake.make_app())
     url = server.make_url("/customer/new")
-    async with session.post(
-        url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER
-    ) as resp:
+    async with session.post(url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER) as resp:
         assert resp.status == 200
-    assert rows == {"u:ai": "b"}
-    async with session.post(
-        url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER
-    ) as resp:
+    async with session.post(url, json={"user_id": "u:ai", "budget_id": "b"}, headers=MASTER) as resp:
         assert resp.status == 400
+    # Every other database error: LiteLLM's generic 500 with the error's text (not "already exists").
+    async with session.post(url, json={"user_id": "v:ai", "budget_id": "gone"}, headers=MASTER) as resp:
+        assert resp.status == 500
+        assert (await resp.json())["error"] == {
+            "message": "insert or update violates foreign key constraint",
+            "type": "internal_server_error",
+            "param": None,
+            "code": "500",
+        }
 
 
 async def test_readiness(

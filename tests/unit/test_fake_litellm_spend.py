@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from mlpa_aiohttp.testing.fake_litellm import DEFAULT_PRICES, FakeLiteLLM
+from mlpa_aiohttp.testing.fake_litellm import DEFAULT_PRICES, FakeLiteLLM, MemoryCustomerTable
 
 MASTER = {"Authorization": "Bearer sk-test-master"}
 VIRTUAL = {"Authorization": "Bearer sk-test-virtual"}
@@ -22,9 +22,9 @@ BUDGET = "end-user-budget-ai"
 
 @pytest.fixture
 def fake() -> FakeLiteLLM:
-    fake = FakeLiteLLM(chunks=4, prompt_tokens=9)
-    fake.add_budget(BUDGET, max_budget=0.1, budget_duration="1d", tpm_limit=2000, rpm_limit=40)
-    return fake
+    customers = MemoryCustomerTable()
+    customers.add_budget(BUDGET, max_budget=0.1, budget_duration="1d", tpm_limit=2000, rpm_limit=40)
+    return FakeLiteLLM(chunks=4, prompt_tokens=9, customer_table=customers)
 
 
 @pytest.fixture
@@ -113,18 +113,15 @@ async def test_a_user_without_a_known_budget_has_no_budget_row(server: TestServe
     assert (await info(session, server))["litellm_budget_table"] is None
 
 
-async def test_the_sinks_receive_spend_and_answer_budgets(aiohttp_server, session: aiohttp.ClientSession) -> None:
+async def test_the_spend_sink_receives_each_charge_beside_the_table(aiohttp_server, session: aiohttp.ClientSession) -> None:
     charged: list[tuple[str, float]] = []
 
     async def spend_sink(user_id: str, cost: float) -> None:
         charged.append((user_id, cost))
 
-    async def budget_source(budget_id: str) -> dict[str, Any] | None:
-        return {"budget_id": budget_id, "max_budget": 7.0}
-
-    fake = FakeLiteLLM(chunks=2, prompt_tokens=3, spend_sink=spend_sink, budget_source=budget_source)
+    fake = FakeLiteLLM(chunks=2, prompt_tokens=3, spend_sink=spend_sink)
     server = await aiohttp_server(fake.make_app())
     await create(session, server)
     await complete(session, server, stream=True, user=USER)
     assert charged == [(USER, pytest.approx(priced(3, 2)))]
-    assert (await info(session, server))["litellm_budget_table"] == {"budget_id": BUDGET, "max_budget": 7.0}
+    assert (await info(session, server))["spend"] == pytest.approx(priced(3, 2))

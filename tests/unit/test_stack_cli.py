@@ -23,7 +23,7 @@ def test_stack_without_a_database_says_what_to_fix(tmp_path) -> None:
     )
     assert result.returncode == 1, result
     assert "DEVELOPMENT ONLY" in result.stderr
-    assert f"cannot prepare LiteLLM's tables on PostgreSQL at 127.0.0.1:{env['DB_PORT']}" in result.stderr
+    assert f"cannot prepare LiteLLM's schema on PostgreSQL at 127.0.0.1:{env['DB_PORT']}" in result.stderr
     assert "CREATEDB" in result.stderr
     assert "Traceback" not in result.stderr
     assert not env_file.exists()
