@@ -603,7 +603,11 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
                 "parameters": [_user_id_param()],
                 "responses": {
                     "200": _json({"type": "object"}, "LiteLLM's `/customer/info` JSON, unchanged"),
-                    "404": _json(_ref("DetailMessage"), "`User not found`"),
+                    "404": _json(
+                        {"oneOf": [_ref("DetailMessage"), _ref("DetailErrorMessage")]},
+                        "`{\"detail\": {\"error\": \"Error fetching user info\"}}`: LiteLLM has no such end user "
+                        "(its `/customer/info` answers 404); `{\"detail\": \"User not found\"}`: a blank id.",
+                    ),
                     "502": _json(_ref("DetailErrorMessage"), "`Error fetching user info`"),
                     **_admin_key_responses(),
                 },

@@ -68,7 +68,7 @@ async def test_an_upstream_error_echoing_the_prompt_is_logged_scrubbed(make_serv
     response = await service.chat(chat_body(stream=stream, messages=[{"role": "user", "content": SECRET}]))
     text = await response.text()
     assert SECRET in text, "MLPA_DEBUG clients get the upstream text unchanged"
-    [logged] = [e for e in events(caplog) if "upstream_detail" in e]
+    [logged] = [e for e in events(caplog) if "upstream_status" in e]  # the completion's error line
     assert logged["level"] == "ERROR" and logged["upstream_status"] == 400
     assert SECRET not in caplog.text
     assert logged["upstream_detail"].startswith("litellm.BadRequestError: provider rejected input:")
