@@ -316,3 +316,11 @@ def test_no_document_is_a_journal() -> None:
 def test_pages_awaiting_their_rewrite_still_need_it() -> None:
     rewritten = sorted(page for page in JOURNAL_PENDING if not journal_markers((REPO / page).read_text(encoding="utf-8")))
     assert not rewritten, f"{rewritten} hold no journal marker now: take them out of JOURNAL_PENDING"
+
+
+def test_the_index_links_every_page() -> None:
+    """docs/README.md indexes the pages by reader: a new page is added there too."""
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {target.partition("#")[0] for target in LINK.findall(prose(index))}
+    pages = {path.name for path in (REPO / "docs").glob("*.md") if path.name != "README.md"}
+    assert not pages - linked, f"pages docs/README.md does not index: {sorted(pages - linked)}"
