@@ -2,7 +2,7 @@
 
 Each subcommand is one `_add_<name>` function that registers its parser and the function
 that runs it; `main` only parses and turns start-up failures into one message and an exit
-status (README "Start-up errors"). The service's modules are imported by the runners, so
+status (docs/operations.md, "Start-up errors"). The service's modules are imported by the runners, so
 `--help` and `--version` answer at once.
 """
 

@@ -1,5 +1,4 @@
-"""The cyclic garbage collector, set for a heap of long-lived streams (docs/performance.md,
-"Round 5: new streams").
+"""The cyclic garbage collector, set for a heap of long-lived streams (docs/performance.md).
 
 With CPython's default thresholds (700, 10, 10) every object a new stream makes that is
 still alive at a young collection (the stream's request, its upstream call, its frames:

@@ -1120,7 +1120,7 @@ _EMPTY_ALLOWED = frozenset({"MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN"})
 
 
 def _refuse_default_secrets(env: _Env) -> None:
-    """The secret rules (README "Secrets"), every broken one reported."""
+    """The secret rules (docs/operations.md, "Secrets"), every broken one reported."""
     for name, default in DEFAULT_SECRETS.items():
         value = env.raw(name)
         value = None if value is None else value.strip()

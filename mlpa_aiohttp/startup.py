@@ -2,7 +2,7 @@
 
 Every entry point (the CLI, gunicorn's master and workers) reports through here, so a
 configuration error reads the same everywhere: all problems at once, no traceback, JSON
-when `LOG_JSON` asks for it. The statuses are documented in README ("Start-up errors").
+when `LOG_JSON` asks for it. The statuses are documented in docs/operations.md ("Start-up errors").
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ class AppAttest:
         return f"{self._settings.development_team}.{bundle_id}"
 
     def _tolerate_app_id_mismatch(self, exc: AssertionInvalid, assertion_object: bytes, stored_counter: int) -> int:
-        """`APP_ATTEST_CHECK_ASSERTION_APP_ID=false` (a transition, README "Behaviour
-        notes"): accept an assertion for another app id than the request names, as the
+        """`APP_ATTEST_CHECK_ASSERTION_APP_ID=false` (a transition, compatibility.md
+        D25): accept an assertion for another app id than the request names, as the
         reference did; every other check stands. `verify_assertion` reports the app id
         only after the signature held (pinned by test_device_auth_routes), so the counter
         read here is signed."""

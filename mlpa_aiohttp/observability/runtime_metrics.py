@@ -21,7 +21,7 @@ mode has no process or GC series (its collectors see only the scraped process), 
 Ours beside them: `mlpa_gc_pause_seconds{generation}`, how long each collection held the
 event loop (a `gc.callbacks` hook, `GCPauses`). A full collection walks every live object,
 so with thousands of open streams it is the longest pause a worker makes
-(docs/performance.md, "Round 5"). Single process: a histogram; several workers: its sum
+(docs/performance.md). Single process: a histogram; several workers: its sum
 and count per worker (`mlpa_gc_pause_seconds_total`, `mlpa_gc_pauses_total`, label `pid`),
 copied like the GC counters.
 """

@@ -70,7 +70,7 @@ class ShutDown:
 class ClientLeft:
     # `client_closed`, `client_reset` or `client_timeout` (relay/disconnect.py).
     reason: str
-    # What the client's stream got before it left (README: what an aborted stream cost).
+    # What the client's stream got before it left (docs/stream-errors-and-aborts.md).
     relayed: sse.StreamAccountant | None = None
 
 

@@ -93,8 +93,8 @@ class CompletionOutcome:
         self._finish("error", self._metrics.labels.model(self.model), reason)
 
     def aborted(self, relayed: StreamAccountant | None = None) -> None:
-        """The client left; `relayed` accounts what its stream got before (README: what an
-        aborted stream cost): the usage object if one arrived, else the content deltas."""
+        """The client left; `relayed` accounts what its stream got before (docs/stream-errors-and-aborts.md,
+        "What an aborted stream cost"): the usage object if one arrived, else the content deltas."""
         self._finish("abort", self._metrics.labels.model(self.model), "client_disconnect")
         if relayed is None:
             return

@@ -8,7 +8,7 @@ complete SSE events (carrying a partial event across reads) and JSON-decodes onl
 that can carry a usage object, tool calls or an in-band error. Everything else costs one
 regex scan and one substring count of the bytes per read, all done in C.
 
-Two figures beyond the reference's accounting (README "Beyond the reference"):
+Two figures beyond the reference's accounting (compatibility.md D36, D37):
 - `error_payload`: the JSON of the first in-band `data: {"error": {...}}` event, the way
   LiteLLM reports a failure after its first byte under status 200 (docs/litellm-wire.md);
 - `content_deltas`: how many events carried a non-empty `"content":"..."` delta, the fallback

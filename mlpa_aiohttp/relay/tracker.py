@@ -66,7 +66,7 @@ class OpenStream:
         """The stream has ended: drop the relay's callback. It is a bound method of the
         relay, which holds this handle, so keeping it would leave every finished stream
         (request, response, upstream call) as a reference cycle that only the garbage
-        collector frees (docs/performance.md, "Round 5")."""
+        collector frees (docs/performance.md)."""
         self._end = _ended
 
     def silent_for(self, now: float) -> float:

@@ -12,7 +12,7 @@ environment of tests/bench/targets.py); after 30 warm-up requests the count is s
 --requests sequential new streams (`loadgen probe`: connect, send, read to the first body
 byte, close) are counted, and the total is divided by them. Counted: the target's user-space
 instructions only. The kernel's work (connections, syscalls) is the same for every target
-(docs/performance.md, round 6) and is not in these figures, so a ratio here is larger than
+(docs/performance.md) and is not in these figures, so a ratio here is larger than
 the same ratio in CPU time. `--ablate STEP` adds a service target with that step taken away
 (tests/bench/ablations/sitecustomize.py lists the steps; `a+b` takes both): its difference to
 the service is that step's cost. About 10 s per target. Needs valgrind.

@@ -103,7 +103,7 @@ async def test_migrate_adopts_an_alembic_database(pg_settings: PostgresSettings)
 
 async def test_migrate_command_reports_unreachable_database(capsys: pytest.CaptureFixture[str]) -> None:
     settings = Settings(postgres=PostgresSettings(host="127.0.0.1", port=1, password="s3cret-pw"))
-    assert await asyncio.to_thread(migrate_command, settings) == 69  # EX_UNAVAILABLE (README "Start-up errors")
+    assert await asyncio.to_thread(migrate_command, settings) == 69  # EX_UNAVAILABLE (docs/operations.md, "Start-up errors")
     err = capsys.readouterr().err
     assert "127.0.0.1:1" in err and "s3cret-pw" not in err
 

@@ -44,7 +44,7 @@ async def test_churn_waves_leave_nothing_behind(tmp_path):
     # RSS is printed, not asserted: it is the allocator's high-water mark, set by how many
     # connections one wave happened to hold at once (a wave that left 500 connections
     # pooled raised it 33 MiB for good, one that left 200 by 3), so over a few waves it
-    # shows concurrency, not a leak (docs/streaming-at-scale.md, section 3).
+    # shows concurrency, not a leak (docs/scaling.md, "Churn and the soak").
     baseline, settled = run.baseline, run.settled
     print(f"RSS after each wave {[p.rss_mib for p in run.samples[1:-1]]} MiB; "
           f"live objects {baseline.objects} -> {settled.objects}, blocks {baseline.blocks} -> {settled.blocks}")

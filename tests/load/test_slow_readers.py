@@ -24,7 +24,7 @@ UPSTREAM_BYTES = 48 * 2**20
 # What one stalled stream may hold in the service's memory: the upstream reader's limit
 # (2 x 16 KiB, plus one socket read of up to 256 KiB past it), the client transport's
 # high-water mark (64 KiB) plus the chunk that crossed it, and allocator slack. Measured:
-# about 0.6 MiB (2 MiB with aiohttp's default reader limit; docs/streaming-at-scale.md).
+# about 0.6 MiB (2 MiB with aiohttp's default reader limit; docs/scaling.md, "Slow readers").
 BOUND_PER_STREAM = 2**20
 
 

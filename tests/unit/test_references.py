@@ -119,3 +119,208 @@ def test_no_reference_to_documents_outside_the_repository(form):
         for m in pattern.finditer(text)
     ]
     assert not found, "\n".join(found)
+
+
+# -- links between the documents ---------------------------------------------------------------
+#
+# Every relative link in README.md and docs/ resolves: to a file or folder of the repository,
+# and, with a fragment, to a heading of that document, as GitHub renders it.
+
+DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
+# Pages being written on another branch, linked already. Each leaves this set when it lands:
+# the test below fails while a page listed here exists.
+PENDING = {"docs/testing.md"}
+FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+ATX_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)[ \t]*#*[ \t]*$", re.MULTILINE)
+HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+
+
+def prose(markdown: str) -> str:
+    """The text links can live in: fenced blocks and code spans blanked (kept as newlines, so
+    line numbers still count)."""
+    blank = lambda match: re.sub(r"[^\n]", " ", match.group(0))  # noqa: E731
+    return INLINE_CODE.sub(blank, FENCE.sub(blank, markdown))
+
+
+def heading_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its rendered text, lower case, punctuation other than
+    `-` and `_` dropped, each space a `-`."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text stays
+    # Code spans keep their text as written; elsewhere emphasis marks go.
+    parts = re.split(r"(`+[^`]*`+)", text)
+    text = "".join(part.strip("`") if part.startswith("`") else re.sub(r"\*|(?<!\w)_|_(?!\w)", "", part) for part in parts)
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The fragments a document answers: one per heading (repeats get -1, -2, ...), and any
+    explicit `<a id=...>`."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    headings = ATX_HEADING.findall(FENCE.sub("", markdown))
+    for heading in headings:
+        slug = heading_slug(heading)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found | set(HTML_ANCHOR.findall(markdown))
+
+
+def broken_links(document: Path, markdown: str) -> list[str]:
+    problems = []
+    text = prose(markdown)
+    for match in LINK.finditer(text):
+        target = match.group(1)
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+            continue  # https:, mailto:: not ours to resolve
+        where = f"{document.relative_to(REPO)}:{line_of(text, match.start())}: {target}"
+        path_part, _, fragment = target.partition("#")
+        if not path_part:
+            if fragment not in anchors(markdown):
+                problems.append(f"{where}: no heading #{fragment} here")
+            continue
+        resolved = (document.parent / path_part).resolve()
+        if not resolved.exists():
+            if REPO in resolved.parents and resolved.relative_to(REPO).as_posix() in PENDING and not fragment:
+                continue
+            problems.append(f"{where}: no such file")
+            continue
+        if REPO not in resolved.parents and resolved != REPO:
+            problems.append(f"{where}: outside the repository")
+            continue
+        if fragment:
+            if resolved.suffix != ".md":
+                problems.append(f"{where}: a fragment into a file that is not markdown")
+            elif fragment not in anchors(resolved.read_text(encoding="utf-8")):
+                problems.append(f"{where}: no heading #{fragment} in {resolved.relative_to(REPO)}")
+    return problems
+
+
+def test_the_link_check_finds_broken_files_and_anchors() -> None:
+    """The check below can fail: a missing file, a missing heading, a link in code is ignored."""
+    document = REPO / "docs" / "example.md"
+    markdown = (
+        "# Title\n\n## A `_code` heading, with (punctuation) and _emphasis_\n\n## Repeated\n\n## Repeated\n\n"
+        "[ok](#a-_code-heading-with-punctuation-and-emphasis) [ok](#repeated-1) [ok](../README.md) [ok](https://x.invalid/)\n"
+        "[gone](no-such-file.md) [bad anchor](#no-such-heading) [bad anchor](../README.md#no-such-heading)\n"
+        "`[in code](nowhere.md)`\n\n```\n[in a fence](nowhere.md)\n```\n"
+    )
+    problems = broken_links(document, markdown)
+    assert problems == [
+        "docs/example.md:10: no-such-file.md: no such file",
+        "docs/example.md:10: #no-such-heading: no heading #no-such-heading here",
+        "docs/example.md:10: ../README.md#no-such-heading: no heading #no-such-heading in README.md",
+    ]
+
+
+def test_every_relative_link_in_the_documents_resolves() -> None:
+    problems = []
+    links = 0
+    for document in DOCUMENTS:
+        markdown = document.read_text(encoding="utf-8")
+        links += len(LINK.findall(prose(markdown)))
+        problems += broken_links(document, markdown)
+    assert links > 30, "the documents should link to each other"
+    assert not problems, "\n".join(problems)
+
+
+def test_pages_awaited_from_other_branches_are_still_missing() -> None:
+    landed = sorted(page for page in PENDING if (REPO / page).exists())
+    assert not landed, f"{landed} exist now: take them out of PENDING, so their links are checked like any other"
+
+
+# -- paths the documents name ------------------------------------------------------------------
+#
+# A module moved or renamed leaves the documents naming it behind: every repository path a
+# document writes in a code span must exist. docs/architecture.md writes package paths
+# without `mlpa_aiohttp/` (its rows name modules by file); the other pages start a path at
+# the repository's root or at one of the package's subpackages. `relay/ending.record` names
+# the module `relay/ending.py`.
+
+PACKAGE = REPO / "mlpa_aiohttp"
+ROOT_FOLDERS = ("mlpa_aiohttp/", "tests/", "config/", "docs/", ".ci/")
+CODE_SPAN = re.compile(r"`([\w./-]+)`")
+FILE_SUFFIX = re.compile(r"\.(?:py|md|ya?ml|toml|json|env|sql|cfg|csv|png|mjs|lock|html|pem)$")
+
+
+def subpackages() -> tuple[str, ...]:
+    return tuple(f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+def missing_paths(document: Path, markdown: str) -> list[str]:
+    architecture = document.name == "architecture.md"
+    missing = []
+    for match in CODE_SPAN.finditer(FENCE.sub("", markdown)):
+        token = match.group(1)
+        in_package = token.startswith(subpackages()) or (architecture and token.endswith(".py") and "/" not in token)
+        if not (token.startswith(ROOT_FOLDERS) or in_package):
+            continue
+        base = REPO if token.startswith(ROOT_FOLDERS) else PACKAGE
+        module = re.sub(r"\.\w+(?:\.\w+)*$", "", token)  # `relay/ending.record` -> relay/ending
+        candidates = [token] if FILE_SUFFIX.search(token) or token.endswith("/") else [token, f"{module}.py", module]
+        if not any((base / path).exists() for path in candidates):
+            missing.append(f"{document.relative_to(REPO)}: `{token}`")
+    return missing
+
+
+def test_the_path_check_finds_a_moved_module() -> None:
+    architecture = REPO / "docs" / "architecture.md"
+    text = "`app.py` `relay/ending.record` `tests/unit/` `gone.py` `relay/gone.Thing` `config/gone.yaml` `web.AppKey`"
+    assert missing_paths(architecture, text) == [
+        "docs/architecture.md: `gone.py`",
+        "docs/architecture.md: `relay/gone.Thing`",
+        "docs/architecture.md: `config/gone.yaml`",
+    ]
+    # Outside architecture.md a bare file name is not taken for a package path.
+    assert missing_paths(REPO / "docs" / "example.md", "`gone.py` `relay/gone.py`") == ["docs/example.md: `relay/gone.py`"]
+
+
+def test_every_path_the_documents_name_exists() -> None:
+    missing = [problem for document in DOCUMENTS for problem in missing_paths(document, document.read_text(encoding="utf-8"))]
+    assert not missing, "\n".join(missing)
+
+
+# -- current reference, not a journal ----------------------------------------------------------
+#
+# History lives in git: the documents name no issue, no benchmark round. Program output in a
+# fenced block may hold a `#1` of its own (the catalogue's error messages number entries).
+
+JOURNAL_MARKERS = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&])#\d+\b|\b[Rr]ounds? \d+")
+# Rewritten on another branch as the current figures; leaves this set when that lands (the
+# test below fails once the page holds no marker).
+JOURNAL_PENDING = {"docs/performance.md"}
+
+
+def journal_markers(markdown: str) -> list[str]:
+    text = FENCE.sub("", markdown)
+    return [f"{line_of(text, m.start())}: {m.group(0)!r}" for m in JOURNAL_MARKERS.finditer(text)]
+
+
+def test_the_journal_check_finds_issue_numbers_and_rounds() -> None:
+    text = "As issue 12 found, round 5 (#24) ...\n```\nservice_type #1 'ai'\n```\nsee compatibility.md D16 and §4.5"
+    assert journal_markers(text) == ["1: 'issue 12'", "1: 'round 5'", "1: '#24'"]
+
+
+def test_no_document_is_a_journal() -> None:
+    found = [
+        f"{document.relative_to(REPO)}:{marker}"
+        for document in DOCUMENTS
+        if document.relative_to(REPO).as_posix() not in JOURNAL_PENDING
+        for marker in journal_markers(document.read_text(encoding="utf-8"))
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_pages_awaiting_their_rewrite_still_need_it() -> None:
+    rewritten = sorted(page for page in JOURNAL_PENDING if not journal_markers((REPO / page).read_text(encoding="utf-8")))
+    assert not rewritten, f"{rewritten} hold no journal marker now: take them out of JOURNAL_PENDING"
+
+
+def test_the_index_links_every_page() -> None:
+    """docs/README.md indexes the pages by reader: a new page is added there too."""
+    index = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {target.partition("#")[0] for target in LINK.findall(prose(index))}
+    pages = {path.name for path in (REPO / "docs").glob("*.md") if path.name != "README.md"}
+    assert not pages - linked, f"pages docs/README.md does not index: {sorted(pages - linked)}"

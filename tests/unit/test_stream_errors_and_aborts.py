@@ -1,6 +1,6 @@
 """Over real HTTP: LiteLLM's in-band errors inside a 200 stream are classified (bytes
-untouched), and a stream the client leaves counts the tokens it was sent (README "Beyond the
-reference")."""
+untouched), and a stream the client leaves counts the tokens it was sent (compatibility.md D36,
+D37)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ async def test_the_cap_plus_first_stream_of_one_user_gets_429_others_are_unaffec
     assert other.status == 200 and (await other.read()).endswith(b"data: [DONE]\n\n")
     other_type = await service.chat(chat_body(stream=True), headers=service.headers(service_type="s2s"))
     assert other_type.status == 200 and (await other_type.read()).endswith(b"data: [DONE]\n\n")
-    # Non-streamed completions are not counted (README, "Beyond the reference").
+    # Non-streamed completions are not counted (compatibility.md D32).
     json_answer = await service.chat(chat_body(stream=False))
     assert json_answer.status == 200
 
