@@ -559,6 +559,18 @@ def _last_message_text(body: Mapping[str, Any]) -> str:
     return ""
 
 
+def _forget_how_the_connection_was_lost(request: web.Request) -> None:
+    """Drop the traceback of the error the connection was lost with, which aiohttp keeps as
+    the request body's exception. When a socket write fails (the proxy closed the
+    connection mid-stream), that traceback holds the writing frames; from Python 3.12 a
+    frame also keeps its callers' coroutine frames alive, up to this handler's, which hold
+    the request: a reference cycle per hang-up, in the test process, that
+    tests/unit/test_request_garbage.py would count against the service."""
+    lost = request.content.exception()
+    if lost is not None:
+        lost.with_traceback(None)
+
+
 async def _forever() -> NoReturn:
     # Only cancellation (client gone, fake aborted the transport, server shutdown) ends this.
     await asyncio.Event().wait()
@@ -969,6 +981,8 @@ class FakeLiteLLM:
             if not record.aborted_by_fake:
                 record.mark_disconnected()
             raise
+        finally:
+            _forget_how_the_connection_was_lost(request)
 
     # ---- chat completions -----------------------------------------------------------------
 
