@@ -97,14 +97,24 @@ def start_fake_litellm(procs: Processes, *, ttft: float, chunks: int, interval: 
 def start_paced_upstream(
     procs: Processes, *, ttft: float, chunks: int, interval: float, lost_log: Path | None = None
 ) -> int:
+    return start_paced_upstream_child(procs, ttft=ttft, chunks=chunks, interval=interval, lost_log=lost_log)[0]
+
+
+def start_paced_upstream_child(
+    procs: Processes, *, ttft: float, chunks: int, interval: float, lost_log: Path | None = None,
+    held_events: int = 0, held_gap: float = 0.005,
+) -> tuple[int, Child]:
+    """The paced upstream's port and process (the process to signal, with `held_events`)."""
     port = free_port()
     argv = [PYTHON, "-m", "tests.bench.paced_upstream", "--port", str(port),
             "--ttft", str(ttft), "--chunks", str(chunks), "--interval", str(interval)]
     if lost_log is not None:
         argv += ["--lost-log", str(lost_log)]
+    if held_events:
+        argv += ["--held-events", str(held_events), "--held-gap", str(held_gap)]
     child = procs.start("paced-upstream", argv, env=python_env())
     wait_for_port(port, timeout=20, process=child.process)
-    return port
+    return port, child
 
 
 def start_fake_fxa(procs: Processes) -> int:
@@ -131,7 +141,7 @@ def add_service_env_option(parser: argparse.ArgumentParser) -> None:
                              "LOG_LEVEL=info is the default, every request's line written)")
 
 
-def _service_env(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
+def service_environ(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
     return python_env(
         root=root,
         MLPA_DEBUG="true",
@@ -206,7 +216,7 @@ def start_target(
     if ref and name not in SERVICE_TARGETS:
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
     if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
-        env = _service_env(port, upstream_port, fxa_port, root)
+        env = service_environ(port, upstream_port, fxa_port, root)
         if name.endswith("fast"):  # the others run the tree's default configuration
             env["RELAY_FAST_PATH"] = "true"
         env.update(service_env or {})
@@ -222,7 +232,7 @@ def start_target(
         token = CLIENT_TOKEN
     elif name == "aiohttp-serve":
         child = procs.start(full_name, [PYTHON, "-m", "mlpa_aiohttp", "serve"],
-                            env=_service_env(port, upstream_port, fxa_port, root), cwd=str(root))
+                            env=service_environ(port, upstream_port, fxa_port, root), cwd=str(root))
         token = CLIENT_TOKEN
     elif name == "aiohttp-bare":
         child = procs.start(
