@@ -2,6 +2,8 @@
 exact and repeatable where CPU time on this shared machine moves 10-30 % between rounds.
 
     PYTHONPATH=. python -m tests.bench.instructions                      # bare relay, service
+    PYTHONPATH=. python -m tests.bench.instructions --production         # and production's configuration
+    PYTHONPATH=. python -m tests.bench.instructions --production-parts   # and what each of its parts adds
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
     PYTHONPATH=. python -m tests.bench.instructions --ablate parse,auth,body,outcome,context,metrics
@@ -58,6 +60,7 @@ WARM_UP_REQUESTS = 30
 COUNTS = ("stream", "event")
 BARE = "aiohttp-bare"
 SERVICE = "service"
+PRODUCTION = "service, production"
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline-ref", help="also count the service from this commit's tree")
     parser.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a variable for the baseline's service only (an older tree's opt-in setting)")
+    parser.add_argument("--production", action="store_true",
+                        help="also count the service in production's configuration (tests/bench/production.py)")
+    parser.add_argument("--production-parts", action="store_true",
+                        help="also count production's configuration one part at a time (each row adds one)")
     parser.add_argument("--ablate", default="", help="comma-separated steps, each a target of its own; a+b for both")
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="copy callgrind's dumps here (callgrind_annotate reads them per function)")
@@ -310,12 +317,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with ExitStack() as stack:
         run = stack.enter_context(counting_run(work_dir, workload))
+        production = None
+        if args.production or args.production_parts:
+            from .production import production_configuration
+
+            production = stack.enter_context(production_configuration(work_dir))
         add(run.bare())
         add(run.service(SERVICE, lambda port: run.service_env(port, extra=service_env)))
         if args.baseline_ref:
             tree = export_tree(args.baseline_ref, work_dir)
             label = f"service@{args.baseline_ref}{' ' + ' '.join(args.baseline_env) if args.baseline_env else ''}"
             add(run.service(label, lambda port: run.service_env(port, tree, {**service_env, **baseline_env}), tree))
+        if production is not None:
+            from .production import PRODUCTION_PARTS
+
+            steps = [PRODUCTION_PARTS[:i] for i in range(len(PRODUCTION_PARTS))] if args.production_parts else []
+            for parts in steps:
+                label = "production: info, debug off" + "".join(f" + {part}" for part in parts)
+                add(run.service(label, lambda port, parts=parts: production.environ(
+                    port, run.upstream_port, run.fxa_port, parts)))
+            add(run.service(PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port)))
         for step in filter(None, (s.strip() for s in args.ablate.split(","))):
 
             def ablated(port: int, step: str = step) -> dict[str, str]:
