@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shutil
 import statistics
 import subprocess
@@ -171,8 +172,8 @@ def render(budgets: BudgetFile, runs: Sequence[Run], why: str) -> str:
         "# Raising a budget is a commit of this file that says why (`why` below, and the message);",
         "# `python -m tests.bench.budget --record --why TEXT` writes it from a fresh count.",
         "",
-        "# Larger than the ratios' spread between runs of one tree (ten runs: under 1 %), smaller",
-        "# than the 5 % an added cost must not slip through with.",
+        "# Larger than the ratios' spread over runs of one tree (docs/performance.md, \"Current",
+        "# figures and budgets\"), smaller than the 5 % an added cost must not slip through with.",
         f"margin_percent = {budgets.margin_percent:g}",
         "",
         "# What each target is counted on (tests/bench/instructions.py): new streams counted, and",
@@ -197,7 +198,7 @@ def render(budgets: BudgetFile, runs: Sequence[Run], why: str) -> str:
             f"(bare relay {statistics.median(bare) / 1000:.2f})",
             f'measured_on = "{today}"',
             f'commit = "{commit}"',
-            f'why = "{why}"',
+            f"why = {json.dumps(why)}",
         ]
     return "\n".join(lines) + "\n"
 
