@@ -8,7 +8,7 @@ exact and repeatable where CPU time on this shared machine moves 10-30 % between
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
     PYTHONPATH=. python -m tests.bench.instructions --ablate parse,auth,body,outcome,context,metrics
     PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
-    PYTHONPATH=. python -m tests.bench.instructions --counts event --streams 500   # per event only
+    PYTHONPATH=. python -m tests.bench.instructions --counts event --streams 200 --events 5   # per event only
 
 Each target runs under `valgrind --tool=callgrind --instr-atstart=no` (the service as
 `python -m mlpa_aiohttp serve`, the same app a gunicorn worker runs, with the bench's
@@ -69,8 +69,10 @@ class Workload:
 
     counts: tuple[str, ...] = COUNTS
     requests: int = 200
-    streams: int = 100
-    events: int = 10
+    # Few streams, many events each: the silence watch's tick (every 5 s) walks every open
+    # stream, and this keeps its share of a window small (docs/performance.md).
+    streams: int = 20
+    events: int = 25
     gap: float = 0.005
 
 
@@ -168,6 +170,7 @@ def count_per_event(procs: Processes, target: Callgrind, upstream: Child, worklo
             # The relay's bookkeeping of the last event runs after its write has reached the client,
             # and the upstream takes a next signal only once its pass is over.
             time.sleep(0.3)
+            received = loadgen.command("stats")["events"]
             if received != expected:
                 raise RuntimeError(f"{target.name}: {received - expected} events more than sent")
 
@@ -224,9 +227,9 @@ class CountingRun:
         port = free_port()
         return self.count(name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env_for(port), port, root)
 
-    def service_env(self, port: int, root: Path = REPO_ROOT, extra: Mapping[str, str] = {}) -> dict[str, str]:
+    def service_env(self, port: int, root: Path = REPO_ROOT, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = service_environ(port, self.upstream_port, self.fxa_port, root)
-        env.update(extra)
+        env.update(extra or {})
         return env
 
 
