@@ -104,7 +104,7 @@ def _worker_count() -> int:
 
 def _worker_class() -> str:
     # uvloop: ~5 % less CPU per relayed chunk and ~13 % less with 5,000 open streams than
-    # asyncio's loop, measured side by side (docs/performance.md, "The worker class").
+    # asyncio's loop, measured side by side (docs/performance.md, "How it is measured").
     choice = _env_text("GUNICORN_WORKER_CLASS", "uvloop").lower()
     if choice not in WORKER_CLASSES:
         problems.append(f"GUNICORN_WORKER_CLASS: expected one of {', '.join(WORKER_CLASSES)}, got {choice!r}")
@@ -291,7 +291,8 @@ def _once_serving(worker) -> None:
     * aiohttp's worker starts each site as `SockSite(runner, sock)`, whose default backlog
       (128) listen()s the inherited socket again and silently replaces gunicorn's
       `backlog`: a burst of new streams then overflows the accept queue
-      (docs/performance.md, "Admission"). listen() once more with the configured backlog.
+      (docs/performance.md, "The burst and the listen backlog"). listen() once more with the
+      configured backlog.
     """
     heartbeat = worker.notify
     serving = False

@@ -177,7 +177,7 @@ def _run_serve(args: argparse.Namespace) -> int:
             loop=uvloop.new_event_loop(),
             sock=listener,
             # The loop listens again with this one; run_app's default of 128 overflows under
-            # a burst of new streams (docs/performance.md, "Admission").
+            # a burst of new streams (docs/performance.md, "The burst and the listen backlog").
             backlog=settings.server.listen_backlog,
             access_log=None,
             # Streams are drained by our on_shutdown hook first; this bounds the rest.

@@ -28,10 +28,10 @@ the protection on, the worker knows when it is overloaded and says so early inst
   the reference's generic body and `Retry-After`, before any auth or provisioning work,
   counted in `mlpa_shed_requests{reason}`. Streams already open are never touched.
 * The shedding middleware is the outermost one, before `request_context`: a shed request
-  gets no canonical log line and no request metrics, because the line and its context are
-  most of what a shed would cost (0.35 of 1.30 ms per new stream in the profile of
-  docs/performance.md) and a worker that sheds must drain its accept queue faster than
-  requests arrive. Instead each episode of shedding is logged twice: one WARNING
+  gets no canonical log line and no request metrics, because the line and its context would
+  be most of what a shed costs (about 212k instructions, an eighth of a whole new stream:
+  docs/performance.md, "New streams") and a worker that sheds must drain its accept queue
+  faster than requests arrive. Instead each episode of shedding is logged twice: one WARNING
   `overload_shedding_started` (reason, lag) and one INFO `overload_shedding_ended` (how many
   were shed, for how long), and the counter counts every one.
 * `/health/readiness` answers 503 with the reason while the lag state or a bound holds,

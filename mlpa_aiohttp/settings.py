@@ -414,7 +414,8 @@ class ServerSettings:
         minimum=0.0,
         meaning="Data sent and unacknowledged this long ends the connection (TCP_USER_TIMEOUT); 0 turns it off.",
     )
-    # The kernel's default somaxconn is 4096 since Linux 5.4: see docs/performance.md, "Admission".
+    # The kernel's default somaxconn is 4096 since Linux 5.4 (docs/operations.md, "Scale"); a burst
+    # needs the queue: docs/performance.md, "The burst and the listen backlog".
     listen_backlog: int = variable(
         "LISTEN_BACKLOG",
         4096,

@@ -9,7 +9,7 @@ the root handler, whose `LineFormatter` only renders it. Standard-library logger
 on their records first, so every line has one shape.
 
 Every request writes one line at INFO (the default level), so the path is kept short:
-docs/performance.md, round 8, counts it.
+docs/performance.md ("New streams") counts it.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ aiohttp connects through aiohappyeyeballs, which calls `loop.sock_connect(sock, 
 with an address that is already numeric. uvloop's `sock_connect` resolves it once more with
 `getaddrinfo` *without a socket type*, which misses uvloop's numeric fast path and goes
 through libuv's thread pool: a futex wake and an eventfd write before every `connect`, about
-0.3 ms of latency per new upstream connection (docs/performance.md, "Admission"). Every new
-stream in a burst pays it, because open streams hold every pooled connection.
+0.3 ms of latency per new upstream connection (docs/performance.md, "The burst and the
+listen backlog"). Every new stream in a burst pays it, because open streams hold every
+pooled connection.
 
 When there is exactly one address to try (an IP-literal LITELLM_API_BASE, or a name that
 resolved to one address) and no TLS, there is nothing for Happy Eyeballs to race: the

@@ -6,7 +6,8 @@ One picture per phase that has figures: CPU against open streams per target, µs
 relayed event against the event rate, RSS per open stream against the number of streams,
 time to first byte of each stream of an admission burst against the moment it was
 offered, and the overload run (tests/bench/overload.py): each new stream's wait by outcome
-and the open streams' event delays, per mode. Small files (about 100 dpi), meant to be committed next to docs/performance.md.
+and the open streams' event delays, per mode. Small files (about 100 dpi): docs/performance.md
+shows the admission burst's, as docs/bench-burst-ttfb.png.
 """
 
 from __future__ import annotations

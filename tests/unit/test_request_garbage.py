@@ -1,7 +1,7 @@
 """A request leaves no reference cycle behind: everything it made is freed by reference
 counting when it ends, none of it waits for the garbage collector.
 
-Why it matters (docs/performance.md, the garbage collector's pauses): a finished stream kept
+Why it matters (docs/performance.md, "The garbage collector"): a finished stream kept
 alive by a cycle (relay -> tracker handle -> the relay's bound method) survives young
 collections, is promoted, and soon makes the collector walk every open stream in a full
 collection that holds the event loop for 100-250 ms with 1,000 streams open.
