@@ -6,7 +6,6 @@ exact and repeatable where CPU time on this shared machine moves 10-30 % between
     PYTHONPATH=. python -m tests.bench.instructions --production-parts   # and what each of its parts adds
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
-    PYTHONPATH=. python -m tests.bench.instructions --ablate parse,auth,body,outcome,context,metrics
     PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
     PYTHONPATH=. python -m tests.bench.instructions --counts event --streams 200 --events 5   # per event only
 
@@ -27,10 +26,8 @@ environment of tests/bench/targets.py) and is counted twice, each count between 
 
 Counted: the target's user-space instructions only. The kernel's work (connections,
 syscalls) is the same for every target (docs/performance.md) and is not in these
-figures, so a ratio here is larger than the same ratio in CPU time. `--ablate STEP` adds a
-service target with that step taken away (tests/bench/ablations/sitecustomize.py lists the
-steps; `a+b` takes both): its difference to the service is that step's cost. About 30 s
-per target. Needs valgrind.
+figures, so a ratio here is larger than the same ratio in CPU time. About 30 s per target.
+Needs valgrind.
 """
 
 from __future__ import annotations
@@ -55,7 +52,6 @@ from .targets import (
     service_environ, start_fake_fxa, start_paced_upstream_child,
 )
 
-ABLATIONS_DIR = Path(__file__).resolve().parent / "ablations"
 WARM_UP_REQUESTS = 30
 COUNTS = ("stream", "event")
 BARE = "aiohttp-bare"
@@ -250,20 +246,12 @@ def _thousands(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value / 1000:.{digits}f}"
 
 
-def _difference(ours: float | None, theirs: float | None, digits: int) -> str:
-    return "-" if ours is None or theirs is None else f"{(ours - theirs) / 1000:.{digits}f} k"
-
-
 def report(rows: Sequence[Figures], bare: Figures) -> str:
-    """The table; an ablation's row also shows that step's own cost (the service minus it)."""
-    service = next((row for row in rows if row.name == SERVICE), Figures(SERVICE))
+    """The table: each target's counts and their ratios to the bare relay's."""
     return table(
-        ["target", "k instructions per new stream", "/ bare", "k instructions per event", "/ bare",
-         "step's own cost per stream, per event"],
+        ["target", "k instructions per new stream", "/ bare", "k instructions per event", "/ bare"],
         [[row.name, _thousands(row.per_stream, 1), _ratio(row.per_stream, bare.per_stream),
-          _thousands(row.per_event, 2), _ratio(row.per_event, bare.per_event),
-          f"{_difference(service.per_stream, row.per_stream, 1)}, {_difference(service.per_event, row.per_event, 2)}"
-          if row.name.startswith("service without") else "-"]
+          _thousands(row.per_event, 2), _ratio(row.per_event, bare.per_event)]
          for row in rows],
     )
 
@@ -299,7 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also count the service in production's configuration (tests/bench/production.py)")
     parser.add_argument("--production-parts", action="store_true",
                         help="also count production's configuration one part at a time (each row adds one)")
-    parser.add_argument("--ablate", default="", help="comma-separated steps, each a target of its own; a+b for both")
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="copy callgrind's dumps here (callgrind_annotate reads them per function)")
     add_service_env_option(parser)
@@ -340,15 +327,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 add(run.service(label, lambda port, parts=parts: production.environ(
                     port, run.upstream_port, run.fxa_port, parts)))
             add(run.service(PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port)))
-        for step in filter(None, (s.strip() for s in args.ablate.split(","))):
-
-            def ablated(port: int, step: str = step) -> dict[str, str]:
-                env = run.service_env(port, extra=service_env)
-                env["PYTHONPATH"] = f"{ABLATIONS_DIR}{os.pathsep}{env['PYTHONPATH']}"
-                env["MLPA_BENCH_ABLATE"] = step.replace("+", ",")
-                return env
-
-            add(run.service(f"service without {step}", ablated))
     say("\n" + report(rows, rows[0]))
     if args.keep_dumps:
         args.keep_dumps.mkdir(parents=True, exist_ok=True)
