@@ -1,5 +1,5 @@
 """The fast path's own Python per relayed event, without the socket: what the relay would
-save per event if its code cost nothing (docs/performance.md, "The per-event floor").
+save per event if its code cost nothing (docs/performance.md, "Floors, limits and options").
 
 `FastRelay.relay` is called as the upstream parser calls it, once per SSE event, with a
 client transport whose `write` does nothing; what is timed is the relay's bytecode, its
