@@ -18,6 +18,8 @@ from mlpa_aiohttp.observability.logging import configure_logging
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from tests.support import depth
+from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
 TEST_SECRETS = {
@@ -154,8 +156,22 @@ def open_streams(service: Service) -> int:
     return int(value or 0)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    depth.choose_profile(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return depth.describe()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that reaches the session's PostgreSQL must say so: `-m "not postgres"` relies on it."""
+    """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs
+    from where it lives. A test that reaches the session's PostgreSQL must say so itself:
+    `-m "not postgres"` relies on it. The image test runs only when `-m` names `image`."""
+    for item in items:
+        for name in slow_markers(item.nodeid.split("::", 1)[0]):
+            item.add_marker(name)
     unmarked = [
         item.nodeid
         for item in items
@@ -163,6 +179,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError("these tests use PostgreSQL but lack @pytest.mark.postgres:\n  " + "\n  ".join(unmarked))
+    if "image" not in (config.getoption("markexpr", default="") or ""):
+        image = [item for item in items if item.get_closest_marker("image") is not None]
+        if image:
+            config.hook.pytest_deselected(items=image)
+            items[:] = [item for item in items if item.get_closest_marker("image") is None]
 
 
 logging.getLogger("asyncio").setLevel(logging.WARNING)

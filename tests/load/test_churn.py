@@ -5,11 +5,7 @@ no outcome is misclassified."""
 
 from __future__ import annotations
 
-import pytest
-
 from .churn import churn, misclassified, summary
-
-pytestmark = pytest.mark.load
 
 WAVES = 4
 WAVE_SIZE = 1000

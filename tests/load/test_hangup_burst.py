@@ -29,8 +29,6 @@ from .harness import (
     UpstreamWatch,
 )
 
-pytestmark = pytest.mark.load
-
 FAULT_ID = "fault-control"
 WARM_UP_ID = "warm-up"
 

@@ -17,8 +17,6 @@ import pytest
 from .conftest import RELAY_PATHS, relay_env
 from .harness import chat_request, open_client_connection, start_fakes, start_service, stream_client
 
-pytestmark = pytest.mark.load
-
 STALLED = 4
 UPSTREAM_BYTES = 48 * 2**20
 # What one stalled stream may hold in the service's memory: the upstream reader's limit

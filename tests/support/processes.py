@@ -14,6 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
+from .tiers import require_slow_tier
+
 # The checkout the tests run from (the e2e tests start its config files and modules).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,6 +42,7 @@ def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
 def running_demo(env: Mapping[str, str], cwd: str | None = None) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`python -m mlpa_aiohttp demo` on a free port, its stdout and stderr merged into one
     text pipe; yields the process and the port. On exit it is sent SIGTERM and must exit 0."""
+    require_slow_tier("starts the demo")
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "mlpa_aiohttp", "demo", "--port", str(port)],
