@@ -408,12 +408,35 @@ def _add_migrate(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_migrate(args: argparse.Namespace) -> int:
-    from .store.migrate import migrate_command
-
     settings = Settings.from_environ(os.environ, check_secrets=False)
     configure_logging(level=settings.server.log_level, json=settings.server.log_json)
     warn_about_environment(os.environ, variable_names())
     return migrate_command(settings, role_timeouts=not args.skip_role_timeouts)
+
+
+def migrate_command(settings: Settings, *, role_timeouts: bool = True) -> int:
+    """The body of `migrate`: one log line per migration applied and one summary (in the log
+    format, JSON with LOG_JSON=true); exit status 69 when PostgreSQL fails."""
+    from .store.migrate import migrate
+
+    pg = settings.postgres
+    try:
+        applied = asyncio.run(migrate(settings, role_timeouts=role_timeouts))
+    except StoreUnavailable as exc:
+        hint = (
+            "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; "
+            f"the user needs CREATEDB to create {pg.app_attest_db_name!r}"
+        )
+        return report_unavailable("database", exc, os.environ, hint=hint, exit_code=EXIT_UNAVAILABLE)
+    # Under the migrations' own logger, like the line of each migration applied.
+    structlog.get_logger("mlpa_aiohttp.store.migrate").info(
+        "migrate_done",
+        database=pg.app_attest_db_name,
+        server=f"{pg.host}:{pg.port}",
+        applied=len(applied),
+        max_signed_in_users=settings.signup_cap.max_signed_in_users,
+    )
+    return 0
 
 
 # -- catalog ---------------------------------------------------------------------------------
@@ -554,7 +577,7 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
 def _run_config(args: argparse.Namespace) -> int:
     from .settings_reference import example_env, reference_markdown
 
-    sys.stdout.write(reference_markdown() if args.markdown else example_env())
+    sys.stdout.write(reference_markdown(EXIT_CONFIG) if args.markdown else example_env())
     return 0
 
 

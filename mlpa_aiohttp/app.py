@@ -41,7 +41,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
-from .gc_tuning import settle_heap_on_startup
+from .gc_tuning import settle_heap
 from .middlewares import add_security_headers, error_mapping, request_context
 from .models import RequestRules
 from .observability.logging import configure_logging
@@ -240,6 +240,11 @@ async def _drain_streams(app: web.Application) -> None:
     await app[keys.STREAMS].shutdown(app[keys.SETTINGS].server.shutdown_drain_seconds)
 
 
+async def _settle_heap(app: web.Application) -> None:
+    server = app[keys.SETTINGS].server
+    settle_heap(server.gc_young_threshold, freeze=server.gc_freeze_after_startup)
+
+
 async def app_factory() -> web.Application:
     """The gunicorn entry point: configuration from the process environment."""
     settings = Settings.from_environ(os.environ)
@@ -250,5 +255,5 @@ async def app_factory() -> web.Application:
     # One WARNING if LiteLLM is not there at start-up; start-up does not wait for it.
     app.cleanup_ctx.append(litellm_reachability_context)
     # After every cleanup context (they run at on_startup's first entry): the heap is complete.
-    app.on_startup.append(settle_heap_on_startup)
+    app.on_startup.append(_settle_heap)
     return app

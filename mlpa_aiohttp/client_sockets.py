@@ -29,23 +29,8 @@ from __future__ import annotations
 
 import math
 import socket
-from dataclasses import dataclass
 
-@dataclass(frozen=True, slots=True)
-class DeadPeerOptions:
-    idle_seconds: float
-    interval_seconds: float
-    count: int
-    user_timeout_seconds: float
-
-    def bound_seconds(self) -> float:
-        """The longest a vanished client goes unnoticed after its last segment."""
-        if self.user_timeout_seconds <= 0:
-            return self.idle_seconds + self.interval_seconds * self.count
-        # Mid-stream (data unacknowledged) the user timeout itself; idle, the first probe
-        # tick after both the idle time and the user timeout have passed.
-        return max(self.idle_seconds, self.user_timeout_seconds) + self.interval_seconds
-
+from .settings import DeadPeerOptions
 
 def supported() -> bool:
     return all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"))

@@ -6,8 +6,8 @@ a stream lives for hundreds of milliseconds) is promoted, and promoted objects s
 a full collection, which walks every live object: the modules and the app made at start-up
 and every open stream. With 1,000 streams open that held the event loop 110-250 ms at a
 time, and every open stream's next event waited for it. Two changes, applied once the app
-has started (`on_startup`, after the cleanup contexts, so under gunicorn in the worker, and
-under `serve`):
+has started (`app.py` calls `settle_heap` in `on_startup`, after the cleanup contexts, so
+under gunicorn in the worker, and under `serve`):
 
 * `gc.freeze()`: what exists once the app is ready (imported modules, settings, routes,
   pools, the metrics registry) lives for the process's life; frozen, no collection walks
@@ -26,10 +26,6 @@ from __future__ import annotations
 
 import gc
 
-from aiohttp import web
-
-from . import keys
-
 
 def settle_heap(young_threshold: int, *, freeze: bool) -> None:
     """Collect, freeze what is alive (if `freeze`), and set the young threshold (0: keep
@@ -40,8 +36,3 @@ def settle_heap(young_threshold: int, *, freeze: bool) -> None:
     if young_threshold > 0:
         _, middle, old = gc.get_threshold()
         gc.set_threshold(young_threshold, middle, old)
-
-
-async def settle_heap_on_startup(app: web.Application) -> None:
-    server = app[keys.SETTINGS].server
-    settle_heap(server.gc_young_threshold, freeze=server.gc_freeze_after_startup)

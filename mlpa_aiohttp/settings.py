@@ -23,7 +23,6 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Seque
 
 from .catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
 from .catalog_file import CatalogError, load_catalog
-from .client_sockets import DeadPeerOptions
 from .settings_compat import with_reference_aliases
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"
@@ -304,6 +303,25 @@ def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
 # --- the sections ---------------------------------------------------------------------------
 # Each section's `heading` and docstring head its part of the configuration reference; each
 # variable's `meaning` is its line there (docs/configuration.md, config/example.env).
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPeerOptions:
+    """Dead-peer detection on client connections (client_sockets.py): TCP keepalive and
+    TCP_USER_TIMEOUT."""
+
+    idle_seconds: float
+    interval_seconds: float
+    count: int
+    user_timeout_seconds: float
+
+    def bound_seconds(self) -> float:
+        """The longest a vanished client goes unnoticed after its last segment."""
+        if self.user_timeout_seconds <= 0:
+            return self.idle_seconds + self.interval_seconds * self.count
+        # Mid-stream (data unacknowledged) the user timeout itself; idle, the first probe
+        # tick after both the idle time and the user timeout have passed.
+        return max(self.idle_seconds, self.user_timeout_seconds) + self.interval_seconds
 
 
 @dataclass(frozen=True, slots=True)

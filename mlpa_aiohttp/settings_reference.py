@@ -28,7 +28,6 @@ from .settings import (
     field_variable,
 )
 from .settings_compat import NOT_READ, READ_ELSEWHERE, RENAMED
-from .startup import EXIT_CONFIG
 
 MARKDOWN_PATH = "docs/configuration.md"
 ENV_PATH = "config/example.env"
@@ -205,8 +204,9 @@ def _expanded(entry: Entry) -> Iterator[tuple[str, str | None]]:
 # --- Markdown -------------------------------------------------------------------------------
 
 
-def reference_markdown() -> str:
-    """docs/configuration.md."""
+def reference_markdown(config_error_exit: int) -> str:
+    """docs/configuration.md; `config_error_exit` is the exit status of a configuration error
+    (the command line's, passed in: the settings know no process)."""
     all_sections = sections()
     lines = [
         "# Configuration",
@@ -221,7 +221,7 @@ def reference_markdown() -> str:
         "  lists accept a JSON list of strings or a comma-separated list. An empty number, boolean or",
         "  list is its default.",
         "* Start-up checks every value and stops on invalid ones with one message that lists them all",
-        f"  (exit status {EXIT_CONFIG}), with every name set that is close to a known one but not one",
+        f"  (exit status {config_error_exit}), with every name set that is close to a known one but not one",
         "  (`LOG_LEVLE`: did you mean `LOG_LEVEL`?). With a valid configuration such a name is a",
         "  `setting_unknown` WARNING.",
         "* Variables marked **secret** belong in the Kubernetes Secret; their values never reach the",

@@ -1,6 +1,6 @@
 """Schema migrations for the app database (`APP_ATTEST_DB_NAME`), run as a deploy step.
 
-`python -m mlpa_aiohttp migrate` (compatibility.md D20) calls `migrate_command`. The steps:
+`python -m mlpa_aiohttp migrate` (compatibility.md D20) runs `migrate`. The steps:
 
 1. create the database if missing (through the `postgres` maintenance database);
 2. take a session advisory lock, so concurrent runs (two pods, a retried Job) queue up;
@@ -20,17 +20,13 @@ startup.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.resources
-import os
 from dataclasses import dataclass
 
 import asyncpg
 import structlog
 
 from ..settings import PostgresSettings, Settings
-from ..startup import EXIT_UNAVAILABLE, report_unavailable
-from .base import StoreUnavailable
 from .capacity import seed_capacity_row
 from .pools import CONNECT_TIMEOUT_S, DATABASE_ERRORS, DatabaseConnectError, db_errors
 
@@ -203,25 +199,3 @@ async def migrate(settings: Settings, *, role_timeouts: bool = True) -> list[str
     finally:
         await conn.close()
     return applied
-
-
-def migrate_command(settings: Settings, *, role_timeouts: bool = True) -> int:
-    """CLI body of `migrate`: one log line per migration applied and one summary (in the
-    log format, JSON with LOG_JSON=true); exit status 69 when PostgreSQL fails."""
-    pg = settings.postgres
-    try:
-        applied = asyncio.run(migrate(settings, role_timeouts=role_timeouts))
-    except StoreUnavailable as exc:
-        hint = (
-            "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; "
-            f"the user needs CREATEDB to create {pg.app_attest_db_name!r}"
-        )
-        return report_unavailable("database", exc, os.environ, hint=hint, exit_code=EXIT_UNAVAILABLE)
-    log.info(
-        "migrate_done",
-        database=pg.app_attest_db_name,
-        server=f"{pg.host}:{pg.port}",
-        applied=len(applied),
-        max_signed_in_users=settings.signup_cap.max_signed_in_users,
-    )
-    return 0

@@ -69,6 +69,8 @@ class Scenario(enum.StrEnum):
     SLOW_FIRST_BYTE = "slow_first_byte"
     HANG_BEFORE_HEADERS = "hang_before_headers"
     HANG_AFTER_HEADERS = "hang_after_headers"
+    # A chat stream of content events at `interval` that never ends: only the proxy leaving stops it.
+    ENDLESS = "endless"
     MID_STREAM_ERROR = "mid_stream_error"  # the connection is cut mid-stream
     MID_STREAM_ERROR_EVENT = "mid_stream_error_event"  # LiteLLM's in-band error event, no [DONE]
     EMPTY_STREAM = "empty_stream"
@@ -557,6 +559,18 @@ def _last_message_text(body: Mapping[str, Any]) -> str:
     return ""
 
 
+def _forget_how_the_connection_was_lost(request: web.Request) -> None:
+    """Drop the traceback of the error the connection was lost with, which aiohttp keeps as
+    the request body's exception. When a socket write fails (the proxy closed the
+    connection mid-stream), that traceback holds the writing frames; from Python 3.12 a
+    frame also keeps its callers' coroutine frames alive, up to this handler's, which hold
+    the request: a reference cycle per hang-up, in the test process, that
+    tests/unit/test_request_garbage.py would count against the service."""
+    lost = request.content.exception()
+    if lost is not None:
+        lost.with_traceback(None)
+
+
 async def _forever() -> NoReturn:
     # Only cancellation (client gone, fake aborted the transport, server shutdown) ends this.
     await asyncio.Event().wait()
@@ -653,6 +667,8 @@ class _StreamEvents:
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+# The pace of an endless stream (Scenario.ENDLESS) on a fake whose `interval` is 0.
+ENDLESS_INTERVAL = 0.05
 _COST_PARTS = (
     "original", "discount-amount", "margin-amount", "margin-percent", "input", "output", "tool-usage",
 )  # fmt: skip
@@ -965,6 +981,8 @@ class FakeLiteLLM:
             if not record.aborted_by_fake:
                 record.mark_disconnected()
             raise
+        finally:
+            _forget_how_the_connection_was_lost(request)
 
     # ---- chat completions -----------------------------------------------------------------
 
@@ -1024,6 +1042,9 @@ class FakeLiteLLM:
             return response
 
         events = _StreamEvents(model, self.words)
+        if scenario is Scenario.ENDLESS:
+            await response.write(events.role())
+            await self._write_endless(response, events)
         chunks = max(self.chunks, 0)
         if scenario is Scenario.MID_STREAM_ERROR:
             await response.write(events.role())
@@ -1078,12 +1099,16 @@ class FakeLiteLLM:
         await self._charge(record.json, completion_tokens)
         return response
 
-    async def _write_paced(self, response: web.StreamResponse, events: Sequence[bytes]) -> None:
-        """One event per `interval`, paced by deadlines so sleep overshoot keeps the rate."""
-        interval = self.interval
+    async def _write_paced(
+        self, response: web.StreamResponse, events: Iterable[bytes], *, interval: float | None = None
+    ) -> None:
+        """One event per `interval` (the fake's by default), paced by deadlines so sleep
+        overshoot keeps the rate; all at once when it is 0."""
+        interval = self.interval if interval is None else interval
         if interval <= 0:
-            if events:
-                await response.write(b"".join(events))
+            joined = b"".join(events)
+            if joined:
+                await response.write(joined)
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time()
@@ -1093,6 +1118,14 @@ class FakeLiteLLM:
             if delay > 0:
                 await asyncio.sleep(delay)
             await response.write(event)
+
+    async def _write_endless(self, response: web.StreamResponse, events: _StreamEvents) -> NoReturn:
+        """Content events, one per `interval` (50 ms when it is 0), until the proxy leaves:
+        its close cancels the handler, or the next write finds the transport closing."""
+        await self._write_paced(
+            response, itertools.cycle(events.contents(len(self.words))), interval=self.interval or ENDLESS_INTERVAL
+        )
+        raise AssertionError("unreachable")
 
     async def _write_split(
         self, request: web.Request, response: web.StreamResponse, events: Iterable[bytes]

@@ -28,8 +28,9 @@ SCHEMA_PACKAGE = "litellm_proxy_extras"
 APPLIED_TABLE = "mlpa_dev_litellm_migrations"
 # Any of these without APPLIED_TABLE: a database that a real LiteLLM has migrated.
 REAL_LITELLM_MARKERS = ("_prisma_migrations", "LiteLLM_VerificationToken", "LiteLLM_EndUserTable")
-# Two `stack` commands starting at once must not apply the same migration twice.
-_APPLY_LOCK_KEY = 0x6D6C7061  # "mlpa"
+# Two `stack` commands starting at once must not apply the same migration twice (the app
+# database's `migrate` takes "mlpa" in its own database).
+_APPLY_LOCK_KEY = 0x6D6C6C6D  # "mllm"
 
 # An end user as LiteLLM's `/customer/new` writes it (the columns it leaves to their defaults
 # stay so: models, object_permission_id, alias...).

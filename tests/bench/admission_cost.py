@@ -3,6 +3,7 @@
     PYTHONPATH=. python -m tests.bench.admission_cost --rounds 3
     PYTHONPATH=. python -m tests.bench.admission_cost --targets aiohttp-gunicorn,aiohttp-bare --baseline-ref main
     PYTHONPATH=. python -m tests.bench.admission_cost --service-env LOG_LEVEL=info   # the default level
+    PYTHONPATH=. python -m tests.bench.admission_cost --targets aiohttp-gunicorn-production,aiohttp-gunicorn,aiohttp-bare
 
 What `open_streams --phases admission` measures after its burst, without the burst (which
 takes most of that phase's time): per round and target, --held streams open (an event per
@@ -17,6 +18,7 @@ order each round; the figure compared is the median of the per-round ratios to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,7 +34,7 @@ from typing import Any
 from .open_streams import Loadgen, export_tree, percentile, say, table
 from .procs import Processes, raise_open_file_limit, terminate_on_sigterm
 from .targets import (
-    PYTHON, add_service_env_option, environment_assignments, python_env, start_fake_fxa, start_paced_upstream,
+    PRODUCTION_TARGETS, PYTHON, add_service_env_option, environment_assignments, python_env, start_fake_fxa, start_paced_upstream,
     start_target,
 )
 
@@ -94,12 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.held} open, {args.concurrency} new in flight for {args.seconds:g} s, {args.rounds} rounds"
         f"{'; ' + ' '.join(args.service_env) if args.service_env else ''})")
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    with Processes(work_dir) as procs:
+    with contextlib.ExitStack() as stack:
+        production = None
+        if any(name.partition("@")[0] in PRODUCTION_TARGETS for name in names):
+            from .production import production_configuration
+
+            production = stack.enter_context(production_configuration(work_dir))
+        procs = stack.enter_context(Processes(work_dir))
         fxa = start_fake_fxa(procs)
         upstream = start_paced_upstream(procs, ttft=0.0, chunks=90, interval=1.0)
         baselines = {args.baseline_ref: export_tree(args.baseline_ref, work_dir)} if args.baseline_ref else {}
         targets = [start_target(procs, name, upstream_port=upstream, fxa_port=fxa, work_dir=work_dir, baselines=baselines,
-                                service_env=service_env)
+                                service_env=service_env, production=production)
                    for name in names]
         for round_index in range(args.rounds):
             shift = round_index % len(targets)

@@ -1,43 +1,89 @@
-"""Instructions per new stream, counted by valgrind (callgrind): exact and repeatable where CPU
-time on this shared machine moves 10-30 % between rounds.
+"""Instructions per new stream and per relayed SSE event, counted by valgrind (callgrind):
+exact and repeatable where CPU time on this shared machine moves 10-30 % between rounds.
 
     PYTHONPATH=. python -m tests.bench.instructions                      # bare relay, service
+    PYTHONPATH=. python -m tests.bench.instructions --production         # and production's configuration
+    PYTHONPATH=. python -m tests.bench.instructions --production-parts   # and what each of its parts adds
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
+    PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
     PYTHONPATH=. python -m tests.bench.instructions --ablate parse,auth,body,outcome,context,metrics
     PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
+    PYTHONPATH=. python -m tests.bench.instructions --counts event --streams 200 --events 5   # per event only
 
 Each target runs under `valgrind --tool=callgrind --instr-atstart=no` (the service as
 `python -m mlpa_aiohttp serve`, the same app a gunicorn worker runs, with the bench's
-environment of tests/bench/targets.py); after 30 warm-up requests the count is switched on,
---requests sequential new streams (`loadgen probe`: connect, send, read to the first body
-byte, close) are counted, and the total is divided by them. Counted: the target's user-space
-instructions only. The kernel's work (connections, syscalls) is the same for every target
-(docs/performance.md) and is not in these figures, so a ratio here is larger than
-the same ratio in CPU time. `--ablate STEP` adds a service target with that step taken away
-(tests/bench/ablations/sitecustomize.py lists the steps; `a+b` takes both): its difference to
-the service is that step's cost. About 10 s per target. Needs valgrind.
+environment of tests/bench/targets.py) and is counted twice, each count between two marks
+(`callgrind_control -i on`, `-z`, then `-d`), the counting off outside them:
+
+* per new stream: after 30 warm-up requests, --requests sequential new streams (`loadgen
+  probe`: connect, send, read to the first body byte, close), divided by them;
+* per event: --streams streams are opened and get their first event (the role delta); then
+  the paced upstream (--held-events, tests/bench/paced_upstream.py) sends --events content
+  deltas to each, one write every --gap seconds taking the streams in turn, twice: once to
+  warm the instrumentation up, then counted, from just before the signal until the client
+  has received every event of the pass. The whole worker's work for one event is in it: the
+  wake-up, the upstream socket's read, aiohttp's client parser, the relay, the write towards
+  the client. Divided by the events.
+
+Counted: the target's user-space instructions only. The kernel's work (connections,
+syscalls) is the same for every target (docs/performance.md) and is not in these
+figures, so a ratio here is larger than the same ratio in CPU time. `--ablate STEP` adds a
+service target with that step taken away (tests/bench/ablations/sitecustomize.py lists the
+steps; `a+b` takes both): its difference to the service is that step's cost. About 30 s
+per target. Needs valgrind.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from .open_streams import export_tree, say, table
-from .procs import Processes, free_port, wait_for_port
+from .open_streams import Loadgen, export_tree, say, table
+from .procs import Child, Processes, free_port, wait_for_port
 from .targets import (
-    CLIENT_TOKEN, PYTHON, REPO_ROOT, _service_env, add_service_env_option, environment_assignments, python_env,
-    start_fake_fxa, start_paced_upstream,
+    CLIENT_TOKEN, PYTHON, REPO_ROOT, Target, add_service_env_option, environment_assignments, python_env,
+    service_environ, start_fake_fxa, start_paced_upstream_child,
 )
 
 ABLATIONS_DIR = Path(__file__).resolve().parent / "ablations"
 WARM_UP_REQUESTS = 30
+COUNTS = ("stream", "event")
+BARE = "aiohttp-bare"
+SERVICE = "service"
+PRODUCTION = "service, production"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each target is counted on."""
+
+    counts: tuple[str, ...] = COUNTS
+    requests: int = 200
+    # Few streams, many events each: the silence watch's tick (every 5 s) walks every open
+    # stream, and this keeps its share of a window small (docs/performance.md).
+    streams: int = 20
+    events: int = 25
+    gap: float = 0.005
+
+
+@dataclass
+class Figures:
+    """One target's counts: instructions per new stream and per event (None: not counted)."""
+
+    name: str
+    per_stream: float | None = None
+    per_event: float | None = None
+    seconds: float = 0.0  # how long the target took, start to stop
 
 
 def probe(port: int, requests: int) -> None:
@@ -55,75 +101,260 @@ def counted_instructions(dump: Path) -> int:
     raise RuntimeError(f"no totals in {dump}")
 
 
-def count(procs: Processes, name: str, argv: list[str], env: dict[str, str], port: int, requests: int,
-          work_dir: Path, cwd: Path) -> float:
-    out = work_dir / f"callgrind.{name.replace('/', '_')}"
-    child = procs.start(
-        name, ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", *argv],
-        env=env, cwd=str(cwd),
-    )
-    try:
-        wait_for_port(port, timeout=300, process=child.process)
-        probe(port, WARM_UP_REQUESTS)
-        pid = str(child.pid)
-        for command in (["-i", "on"], ["-z"]):
-            subprocess.run(["callgrind_control", *command, pid], check=True, capture_output=True, timeout=60)
-        probe(port, requests)
-        subprocess.run(["callgrind_control", "-d", "counted", pid], check=True, capture_output=True, timeout=60)
+class Callgrind:
+    """One target under callgrind, counting only inside `counted`."""
+
+    def __init__(self, procs: Processes, name: str, argv: list[str], env: dict[str, str], port: int,
+                 work_dir: Path, cwd: Path) -> None:
+        self.name = name
+        self.port = port
+        self.out = work_dir / f"callgrind.{name.replace('/', '_').replace(' ', '_').replace(',', '')}"
+        self.child: Child = procs.start(
+            name, ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={self.out}", *argv],
+            env=env, cwd=str(cwd),
+        )
+        self._dumps = 0
+        wait_for_port(port, timeout=300, process=self.child.process)
+
+    def control(self, *command: str) -> None:
+        subprocess.run(["callgrind_control", *command, str(self.child.pid)], check=True, capture_output=True, timeout=60)
+
+    def counted(self, action: Callable[[], None], warm_up: Callable[[], None] | None = None) -> int:
+        """The instructions the target ran while `action` ran. `warm_up` runs first, with the
+        instrumentation on but not counted: switching it on makes valgrind translate the
+        code anew, which slows the target for a while."""
+        self.control("-i", "on")
+        if warm_up is not None:
+            warm_up()
+        self.control("-z")
+        action()
+        self._dumps += 1
+        self.control("-d", f"count-{self._dumps}")
+        self.control("-i", "off")
+        dump = Path(f"{self.out}.{self._dumps}")
         deadline = time.monotonic() + 30
-        while not (dumps := sorted(work_dir.glob(f"{out.name}.*"))) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return counted_instructions(dumps[-1]) / requests
+        while not dump.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return counted_instructions(dump)
+
+    def as_target(self) -> Target:
+        return Target(self.name, self.port, CLIENT_TOKEN, self.child)
+
+
+def count_per_stream(target: Callgrind, requests: int) -> float:
+    return target.counted(lambda: probe(target.port, requests)) / requests
+
+
+def count_per_event(procs: Processes, target: Callgrind, upstream: Child, workload: Workload) -> float:
+    """Two passes of the upstream's events: the first warms the instrumentation up (a target
+    slowed by it falls behind the pacing and takes several events per wake-up, which costs
+    less per event), the second is counted."""
+    streams, events = workload.streams, workload.events
+    loadgen = Loadgen(procs, target.as_target(), streams, open_timeout=120)
+    try:
+        if loadgen.opened["open"] != streams:
+            raise RuntimeError(f"{target.name}: {loadgen.opened['open']}/{streams} streams opened: {loadgen.opened}")
+        time.sleep(0.5)  # every stream's first event fully handled before the count starts
+        # Generous: the events are paced at --gap; valgrind and a busy machine slow the relay.
+        patience = 60 + 10 * streams * events * workload.gap
+
+        def relay_pass() -> None:
+            expected = loadgen.command("stats")["events"] + streams * events
+            os.kill(upstream.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + patience
+            while (received := loadgen.command("stats")["events"]) < expected:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{target.name}: {received - expected + streams * events} of "
+                                       f"{streams * events} events relayed in {patience:.0f} s")
+                time.sleep(0.1)
+            # The relay's bookkeeping of the last event runs after its write has reached the client,
+            # and the upstream takes a next signal only once its pass is over.
+            time.sleep(0.3)
+            received = loadgen.command("stats")["events"]
+            if received != expected:
+                raise RuntimeError(f"{target.name}: {received - expected} events more than sent")
+
+        total = target.counted(relay_pass, warm_up=relay_pass)
+        still_open = loadgen.command("stats")["open"]
+        if still_open != streams:
+            raise RuntimeError(f"{target.name}: {still_open}/{streams} streams open after the count")
+        return total / (streams * events)
     finally:
-        procs.stop(child, grace=20)
+        loadgen.close()
+
+
+@contextmanager
+def counting_run(work_dir: Path, workload: Workload) -> Iterator[CountingRun]:
+    """The fakes every target of one run shares: FxA and the paced upstream (held mode)."""
+    with Processes(work_dir) as procs:
+        fxa = start_fake_fxa(procs)
+        upstream_port, upstream = start_paced_upstream_child(
+            procs, ttft=0.0, chunks=0, interval=1.0, held_events=workload.events, held_gap=workload.gap)
+        yield CountingRun(procs, work_dir, workload, fxa, upstream_port, upstream)
+
+
+@dataclass
+class CountingRun:
+    procs: Processes
+    work_dir: Path
+    workload: Workload
+    fxa_port: int
+    upstream_port: int
+    upstream: Child
+
+    def count(self, name: str, argv: list[str], env: dict[str, str], port: int, cwd: Path = REPO_ROOT) -> Figures:
+        started = time.monotonic()
+        target = Callgrind(self.procs, name, argv, env, port, self.work_dir, cwd)
+        figures = Figures(name)
+        try:
+            probe(port, WARM_UP_REQUESTS)
+            if "stream" in self.workload.counts:
+                figures.per_stream = count_per_stream(target, self.workload.requests)
+            if "event" in self.workload.counts:
+                figures.per_event = count_per_event(self.procs, target, self.upstream, self.workload)
+        finally:
+            self.procs.stop(target.child, grace=20)
+        figures.seconds = time.monotonic() - started
+        return figures
+
+    def bare(self) -> Figures:
+        port = free_port()
+        return self.count(BARE, [PYTHON, "-m", "tests.bench.peers.aiohttp_bare", "--port", str(port),
+                                 "--upstream", f"http://127.0.0.1:{self.upstream_port}"], python_env(), port)
+
+    def service(self, name: str, env_for: Callable[[int], dict[str, str]], root: Path = REPO_ROOT) -> Figures:
+        """The service (`serve`) from `root`'s tree; `env_for(port)` is its environment."""
+        port = free_port()
+        return self.count(name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env_for(port), port, root)
+
+    def service_env(self, port: int, root: Path = REPO_ROOT, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = service_environ(port, self.upstream_port, self.fxa_port, root)
+        env.update(extra or {})
+        return env
+
+
+def describe(figures: Figures) -> str:
+    parts = []
+    if figures.per_stream is not None:
+        parts.append(f"{figures.per_stream / 1000:8.1f} k per new stream")
+    if figures.per_event is not None:
+        parts.append(f"{figures.per_event / 1000:7.2f} k per event")
+    return f"  {figures.name:<40} " + ", ".join(parts) + f" ({figures.seconds:.0f} s)"
+
+
+def _ratio(value: float | None, floor: float | None) -> str:
+    return "-" if value is None or not floor else f"{value / floor:.3f}"
+
+
+def _thousands(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value / 1000:.{digits}f}"
+
+
+def _difference(ours: float | None, theirs: float | None, digits: int) -> str:
+    return "-" if ours is None or theirs is None else f"{(ours - theirs) / 1000:.{digits}f} k"
+
+
+def report(rows: Sequence[Figures], bare: Figures) -> str:
+    """The table; an ablation's row also shows that step's own cost (the service minus it)."""
+    service = next((row for row in rows if row.name == SERVICE), Figures(SERVICE))
+    return table(
+        ["target", "k instructions per new stream", "/ bare", "k instructions per event", "/ bare",
+         "step's own cost per stream, per event"],
+        [[row.name, _thousands(row.per_stream, 1), _ratio(row.per_stream, bare.per_stream),
+          _thousands(row.per_event, 2), _ratio(row.per_event, bare.per_event),
+          f"{_difference(service.per_stream, row.per_stream, 1)}, {_difference(service.per_event, row.per_event, 2)}"
+          if row.name.startswith("service without") else "-"]
+         for row in rows],
+    )
+
+
+def add_workload_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--counts", default=",".join(COUNTS), help="stream (per new stream), event (per event), or both")
+    parser.add_argument("--requests", type=int, default=Workload.requests, help="new streams counted")
+    parser.add_argument("--streams", type=int, default=Workload.streams, help="streams open while events are counted")
+    parser.add_argument("--events", type=int, default=Workload.events, help="events counted on each of them")
+    parser.add_argument("--gap", type=float, default=Workload.gap, help="seconds between two upstream writes")
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    counts = tuple(name.strip() for name in args.counts.split(",") if name.strip())
+    if not counts or set(counts) - set(COUNTS):
+        raise SystemExit(f"--counts: choose from {', '.join(COUNTS)}")
+    return Workload(counts, args.requests, args.streams, args.events, args.gap)
+
+
+def require_valgrind() -> None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        sys.exit("valgrind (with callgrind_control) is needed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.instructions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=200)
+    add_workload_options(parser)
     parser.add_argument("--baseline-ref", help="also count the service from this commit's tree")
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable for the baseline's service only (an older tree's opt-in setting)")
+    parser.add_argument("--production", action="store_true",
+                        help="also count the service in production's configuration (tests/bench/production.py)")
+    parser.add_argument("--production-parts", action="store_true",
+                        help="also count production's configuration one part at a time (each row adds one)")
     parser.add_argument("--ablate", default="", help="comma-separated steps, each a target of its own; a+b for both")
+    parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
+                        help="copy callgrind's dumps here (callgrind_annotate reads them per function)")
     add_service_env_option(parser)
     args = parser.parse_args(argv)
+    workload = workload_of(args)
     service_env = environment_assignments(args.service_env)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        sys.exit("valgrind (with callgrind_control) is needed")
+    baseline_env = environment_assignments(args.baseline_env)
+    require_valgrind()
     work_dir = Path(tempfile.mkdtemp(prefix="mlpa-instructions-"))
-    rows: list[tuple[str, float]] = []
-    with Processes(work_dir) as procs:
-        fxa = start_fake_fxa(procs)
-        upstream = start_paced_upstream(procs, ttft=0.0, chunks=90, interval=1.0)
+    say(f"# instructions ({time.strftime('%Y-%m-%d %H:%M')}; {workload.requests} new streams; "
+        f"{workload.streams} streams × {workload.events} events, one write per {workload.gap * 1000:g} ms"
+        f"{'; ' + ' '.join(args.service_env) if args.service_env else ''})")
+    rows: list[Figures] = []
 
-        def service(name: str, root: Path, ablate: str = "") -> None:
-            port = free_port()
-            env = _service_env(port, upstream, fxa, root)
-            env.update(service_env)
-            if ablate:
-                env["PYTHONPATH"] = f"{ABLATIONS_DIR}:{env['PYTHONPATH']}"
-                env["MLPA_BENCH_ABLATE"] = ablate.replace("+", ",")
-            rows.append((name, count(procs, name, [PYTHON, "-m", "mlpa_aiohttp", "serve"], env, port,
-                                     args.requests, work_dir, root)))
-            say(f"  {name:<28} {rows[-1][1] / 1000:8.1f} k instructions per new stream")
+    def add(figures: Figures) -> None:
+        rows.append(figures)
+        say(describe(figures))
 
-        port = free_port()
-        rows.append(("aiohttp-bare", count(
-            procs, "aiohttp-bare",
-            [PYTHON, "-m", "tests.bench.peers.aiohttp_bare", "--port", str(port), "--upstream", f"http://127.0.0.1:{upstream}"],
-            python_env(), port, args.requests, work_dir, REPO_ROOT)))
-        say(f"  {'aiohttp-bare':<28} {rows[-1][1] / 1000:8.1f} k instructions per new stream")
-        service("service", REPO_ROOT)
+    with ExitStack() as stack:
+        run = stack.enter_context(counting_run(work_dir, workload))
+        production = None
+        if args.production or args.production_parts:
+            from .production import production_configuration
+
+            production = stack.enter_context(production_configuration(work_dir))
+        add(run.bare())
+        add(run.service(SERVICE, lambda port: run.service_env(port, extra=service_env)))
         if args.baseline_ref:
-            service(f"service@{args.baseline_ref}", export_tree(args.baseline_ref, work_dir))
+            tree = export_tree(args.baseline_ref, work_dir)
+            label = f"service@{args.baseline_ref}{' ' + ' '.join(args.baseline_env) if args.baseline_env else ''}"
+            add(run.service(label, lambda port: run.service_env(port, tree, {**service_env, **baseline_env}), tree))
+        if production is not None:
+            from .production import PRODUCTION_PARTS
+
+            steps = [PRODUCTION_PARTS[:i] for i in range(len(PRODUCTION_PARTS))] if args.production_parts else []
+            for parts in steps:
+                label = "production: info, debug off" + "".join(f" + {part}" for part in parts)
+                add(run.service(label, lambda port, parts=parts: production.environ(
+                    port, run.upstream_port, run.fxa_port, parts)))
+            add(run.service(PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port)))
         for step in filter(None, (s.strip() for s in args.ablate.split(","))):
-            service(f"service without {step}", REPO_ROOT, step)
-    bare = rows[0][1]
-    ours = dict(rows)["service"]
-    say("\n" + table(
-        ["target", "k instructions per new stream", "/ aiohttp-bare", "step's own cost"],
-        [[name, f"{value / 1000:.1f}", f"{value / bare:.2f}",
-          f"{(ours - value) / 1000:.1f} k" if name.startswith("service without") else "-"] for name, value in rows],
-    ))
+
+            def ablated(port: int, step: str = step) -> dict[str, str]:
+                env = run.service_env(port, extra=service_env)
+                env["PYTHONPATH"] = f"{ABLATIONS_DIR}{os.pathsep}{env['PYTHONPATH']}"
+                env["MLPA_BENCH_ABLATE"] = step.replace("+", ",")
+                return env
+
+            add(run.service(f"service without {step}", ablated))
+    say("\n" + report(rows, rows[0]))
+    if args.keep_dumps:
+        args.keep_dumps.mkdir(parents=True, exist_ok=True)
+        for dump in work_dir.glob("callgrind.*"):
+            shutil.copy(dump, args.keep_dumps)
+        say(f"dumps in {args.keep_dumps}, numbered per target in the order counted (new streams, then events)")
     shutil.rmtree(work_dir, ignore_errors=True)
     return 0
 

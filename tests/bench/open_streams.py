@@ -28,6 +28,7 @@ Phases (--phases, default all):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -39,12 +40,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .procs import Child, Processes, raise_open_file_limit, terminate_on_sigterm
 from .targets import (
     ALL_TARGETS,
     OPTIONAL_TARGETS,
+    PRODUCTION_TARGETS,
     PYTHON,
     UPSTREAM_KEY,
     Target,
@@ -54,6 +56,9 @@ from .targets import (
     start_paced_upstream,
     start_target,
 )
+
+if TYPE_CHECKING:
+    from .production import ProductionConfiguration
 
 PHASES = ("open", "idle", "chunk", "close", "ttfb", "memory", "scale", "admission")
 
@@ -228,10 +233,11 @@ class Run:
     fxa_port: int
     results: dict[str, Any] = field(default_factory=dict)
     baselines: dict[str, Path] = field(default_factory=dict)
+    production: ProductionConfiguration | None = None  # started when a production target is chosen
 
     def targets(self, procs: Processes, names: Sequence[str], upstream_port: int) -> list[Target]:
         return [start_target(procs, name, upstream_port=upstream_port, fxa_port=self.fxa_port, work_dir=self.work_dir,
-                             baselines=self.baselines)
+                             baselines=self.baselines, production=self.production)
                 for name in names]
 
     def settle(self, seconds: float = 1.0) -> None:
@@ -766,8 +772,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Run | None = None
     completed = False
     try:
-        with Processes(work_dir) as procs:
-            run = Run(args, work_dir, procs, start_fake_fxa(procs))
+        with contextlib.ExitStack() as stack:
+            production = None
+            if any(name.partition("@")[0] in PRODUCTION_TARGETS for name in args.targets):
+                from .production import production_configuration
+
+                production = stack.enter_context(production_configuration(work_dir))
+            procs = stack.enter_context(Processes(work_dir))
+            run = Run(args, work_dir, procs, start_fake_fxa(procs), production=production)
             for ref in args.baseline_refs:
                 run.baselines[ref] = export_tree(ref, work_dir)
             for phase in args.phases:

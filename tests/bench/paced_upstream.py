@@ -11,6 +11,13 @@ Why not the project's fake LiteLLM for these:
   paces that for a fraction of an aiohttp handler's CPU, leaving the second core to the
   service under test.
 
+* instructions per event (tests/bench/instructions.py) need events that arrive only while
+  the count is on, each in a read of its own: with --held-events K every stream gets its
+  role delta and then waits; each SIGUSR1 sends K content deltas to every waiting stream,
+  taking the streams in turn, one write per --held-gap seconds (a chain of timers: a late
+  one delays the rest, never bunches them, and a stream's next event is N writes later).
+  The streams never end by themselves.
+
 Other paths get `{}` (the service creates LiteLLM customers on first sight).
 Events have the fake LiteLLM's shape: a role delta, N content deltas, a finish delta, a usage
 event (`stream_options.include_usage`) and `data: [DONE]`, HTTP/1.1 chunked, keep-alive.
@@ -22,8 +29,10 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO
 
 STREAM_ID = re.compile(rb"bench-stream-(\d+)")
@@ -107,7 +116,15 @@ class PacedStream(asyncio.Protocol):
     def _send_role(self) -> None:
         assert self.transport is not None
         self.transport.write(self.server.role)
+        if self.server.held is not None:
+            self.timer = None
+            self.server.held.add(self)
+            return
         self._schedule()
+
+    def send_held_event(self, event: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(event)
 
     def _schedule(self) -> None:
         self.timer = asyncio.get_running_loop().call_later(self.server.interval, self._send_next)
@@ -127,16 +144,44 @@ class PacedStream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.server.held is not None:
+            self.server.held.discard(self)
         if not self.finished:
             self.server.record_lost(self.stream_id, time.monotonic())
 
 
 class PacedServer:
-    def __init__(self, ttft: float, chunks: int, interval: float, lost_log: IO[str] | None) -> None:
+    def __init__(
+        self, ttft: float, chunks: int, interval: float, lost_log: IO[str] | None,
+        held_events: int = 0, held_gap: float = 0.0,
+    ) -> None:
         self.ttft = ttft
         self.interval = interval
         self.role, self.body, self.tail = build_events(chunks)
         self.lost_log = lost_log
+        # --held: the streams past their role delta, waiting for a SIGUSR1.
+        self.held: set[PacedStream] | None = set() if held_events else None
+        self.held_events = build_events(held_events)[1]
+        self.held_gap = held_gap
+        self._pass: Iterator[tuple[PacedStream, bytes]] | None = None
+
+    def release_held(self) -> None:
+        """SIGUSR1: --held-events content deltas to every waiting stream, in turns."""
+        if self.held is None or self._pass is not None:
+            return
+        streams = list(self.held)
+        self._pass = ((stream, event) for event in self.held_events for stream in streams)
+        self._next_held()
+
+    def _next_held(self) -> None:
+        assert self._pass is not None
+        step = next(self._pass, None)
+        if step is None:
+            self._pass = None
+            return
+        stream, event = step
+        stream.send_held_event(event)
+        asyncio.get_running_loop().call_later(self.held_gap, self._next_held)
 
     def record_lost(self, stream_id: int, at: float) -> None:
         if self.lost_log is not None:
@@ -146,8 +191,9 @@ class PacedServer:
 
 async def serve(args: argparse.Namespace) -> None:
     lost_log = open(args.lost_log, "a", buffering=1) if args.lost_log else None
-    server = PacedServer(args.ttft, args.chunks, args.interval, lost_log)
+    server = PacedServer(args.ttft, args.chunks, args.interval, lost_log, args.held_events, args.held_gap)
     loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, server.release_held)
     # --reuse-port: several processes share the port (the kernel spreads connections), so one
     # upstream can hold more connections than one process has file descriptors.
     listener = await loop.create_server(lambda: PacedStream(server), "127.0.0.1", args.port, backlog=4096,
@@ -166,6 +212,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT")
     parser.add_argument("--lost-log", help="file receiving '<stream id> <monotonic>' per early close")
+    parser.add_argument("--held-events", type=int, default=0,
+                        help="hold every stream after its role delta; each SIGUSR1 sends this many content deltas to each")
+    parser.add_argument("--held-gap", type=float, default=0.005, help="seconds between two writes of a SIGUSR1's pass")
     args = parser.parse_args()
     try:
         import uvloop

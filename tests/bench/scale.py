@@ -26,7 +26,7 @@ from typing import Any
 
 from .open_streams import Loadgen, percentile, say
 from .procs import Processes, descendants, free_port, raise_open_file_limit, terminate_on_sigterm, wait_for_port
-from .targets import CLIENT_TOKEN, PYTHON, Target, _service_env, python_env, start_fake_fxa, warm_up
+from .targets import CLIENT_TOKEN, PYTHON, Target, service_environ, python_env, start_fake_fxa, warm_up
 
 
 def open_descriptors(pid: int) -> int:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_port(upstream, timeout=20, process=child.process)
         time.sleep(1.0)  # every upstream process bound before the first connection
         port = free_port()
-        env = _service_env(port, upstream, fxa)
+        env = service_environ(port, upstream, fxa)
         env.update(GUNICORN_WORKERS=str(args.workers), GUNICORN_WORKER_CLASS="uvloop")
         repo = Path(__file__).resolve().parents[2]
         child = procs.start("gunicorn", [PYTHON, "-m", "gunicorn", "-c", "config/gunicorn.conf.py",

@@ -12,6 +12,9 @@ Servers under test ("targets"), all relaying POST /v1/chat/completions to one up
   aiohttp-bare      floor of the stack: a bare aiohttp relay, no auth, no accounting
   aiohttp-gunicorn-asyncio (optional) the service under gunicorn's asyncio aiohttp worker
   aiohttp-gunicorn-fast (optional) the service under gunicorn with RELAY_FAST_PATH=true
+  aiohttp-gunicorn-production (optional) the service under gunicorn in production's
+                    configuration (tests/bench/production.py: PostgreSQL store,
+                    PROMETHEUS_MULTIPROC_DIR, JSON lines at INFO)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .procs import (
     Child,
@@ -36,6 +40,9 @@ from .procs import (
     tree_runtime_seconds,
     wait_for_port,
 )
+
+if TYPE_CHECKING:
+    from .production import ProductionConfiguration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -49,7 +56,9 @@ PEER_MODULES = {"fastapi-poll": "poll_peer", "fastapi-receive": "receive_peer", 
 ALL_TARGETS = (*SERVICE_TARGETS, *PEER_TARGETS, "nginx", "aiohttp-bare")
 # Not in the default run (time budget): the service under gunicorn's other worker class
 # (`aiohttp-gunicorn` uses the config's default, uvloop).
-OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast")
+OPTIONAL_TARGETS = ("aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast", "aiohttp-gunicorn-production")
+# Targets that need a `production` (tests/bench/production.py) to start.
+PRODUCTION_TARGETS = ("aiohttp-gunicorn-production",)
 
 
 @dataclass
@@ -97,14 +106,24 @@ def start_fake_litellm(procs: Processes, *, ttft: float, chunks: int, interval: 
 def start_paced_upstream(
     procs: Processes, *, ttft: float, chunks: int, interval: float, lost_log: Path | None = None
 ) -> int:
+    return start_paced_upstream_child(procs, ttft=ttft, chunks=chunks, interval=interval, lost_log=lost_log)[0]
+
+
+def start_paced_upstream_child(
+    procs: Processes, *, ttft: float, chunks: int, interval: float, lost_log: Path | None = None,
+    held_events: int = 0, held_gap: float = 0.005,
+) -> tuple[int, Child]:
+    """The paced upstream's port and process (the process to signal, with `held_events`)."""
     port = free_port()
     argv = [PYTHON, "-m", "tests.bench.paced_upstream", "--port", str(port),
             "--ttft", str(ttft), "--chunks", str(chunks), "--interval", str(interval)]
     if lost_log is not None:
         argv += ["--lost-log", str(lost_log)]
+    if held_events:
+        argv += ["--held-events", str(held_events), "--held-gap", str(held_gap)]
     child = procs.start("paced-upstream", argv, env=python_env())
     wait_for_port(port, timeout=20, process=child.process)
-    return port
+    return port, child
 
 
 def start_fake_fxa(procs: Processes) -> int:
@@ -131,7 +150,7 @@ def add_service_env_option(parser: argparse.ArgumentParser) -> None:
                              "LOG_LEVEL=info is the default, every request's line written)")
 
 
-def _service_env(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
+def service_environ(port: int, upstream_port: int, fxa_port: int, root: Path = REPO_ROOT) -> dict[str, str]:
     return python_env(
         root=root,
         MLPA_DEBUG="true",
@@ -194,19 +213,26 @@ http {{
 def start_target(
     procs: Processes, name: str, *, upstream_port: int, fxa_port: int, work_dir: Path, baselines: dict[str, Path] | None = None,
     service_env: dict[str, str] | None = None, label: str | None = None,
+    production: ProductionConfiguration | None = None,
 ) -> Target:
     """`name@REF` runs the service target `name` from the source tree exported for REF
     (--baseline-ref), so one run measures before and after a change side by side.
     `service_env` adds variables to a service target's environment (tests/bench/overload.py
-    runs the same target with and without a setting); `label` names the target then."""
+    runs the same target with and without a setting); `label` names the target then.
+    `production` is what the production target runs on (its database and variables)."""
     port = free_port()
     full_name = name
     name, _, ref = name.partition("@")
     root = (baselines or {})[ref] if ref else REPO_ROOT
     if ref and name not in SERVICE_TARGETS:
         raise ValueError(f"only service targets run from a baseline tree, not {name!r}")
-    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast"):
-        env = _service_env(port, upstream_port, fxa_port, root)
+    if name in ("aiohttp-gunicorn", "aiohttp-gunicorn-asyncio", "aiohttp-gunicorn-fast", "aiohttp-gunicorn-production"):
+        if name in PRODUCTION_TARGETS:
+            if production is None:
+                raise ValueError(f"{name} needs a production configuration (tests/bench/production.py)")
+            env = production.environ(port, upstream_port, fxa_port, root=root)
+        else:
+            env = service_environ(port, upstream_port, fxa_port, root)
         if name.endswith("fast"):  # the others run the tree's default configuration
             env["RELAY_FAST_PATH"] = "true"
         env.update(service_env or {})
@@ -222,7 +248,7 @@ def start_target(
         token = CLIENT_TOKEN
     elif name == "aiohttp-serve":
         child = procs.start(full_name, [PYTHON, "-m", "mlpa_aiohttp", "serve"],
-                            env=_service_env(port, upstream_port, fxa_port, root), cwd=str(root))
+                            env=service_environ(port, upstream_port, fxa_port, root), cwd=str(root))
         token = CLIENT_TOKEN
     elif name == "aiohttp-bare":
         child = procs.start(

@@ -16,7 +16,8 @@ from mlpa_aiohttp import keys
 from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.settings import PostgresSettings, Settings, SignupCapSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
-from mlpa_aiohttp.store.migrate import load_migrations, migrate, migrate_command
+from mlpa_aiohttp.__main__ import migrate_command
+from mlpa_aiohttp.store.migrate import load_migrations, migrate
 from mlpa_aiohttp.store.pools import DatabaseConnectError, Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore, record_dict
 from tests.support.postgres import ThrowawayPostgres

@@ -301,7 +301,6 @@ class ClientResult:
     complete: bool = False
     status: int | None = None
     error: str | None = None
-    hung_up_at: float | None = None  # wall clock, to compare with the service's log timestamps
 
 
 @dataclass(frozen=True)
@@ -383,10 +382,6 @@ async def stream_client(
     finally:
         if result.hung_up:
             _hang_up(writer, reset=hang_up.reset if hang_up else False)
-            # The transport closes the socket in the loop's next step, before this task
-            # resumes: from here on the FIN or RST is on its way.
-            await asyncio.sleep(0)
-            result.hung_up_at = time.time()
         else:
             writer.close()
     return result
@@ -478,26 +473,6 @@ class UpstreamWatch:
                         event.set()
             done = len(records)
             await asyncio.sleep(0.01)
-
-
-def logged_at(event: dict[str, Any]) -> float:
-    """A log line's timestamp (ISO, UTC) as wall-clock seconds."""
-    from datetime import datetime
-
-    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
-
-
-def served_before_hang_up(event: dict[str, Any], result: ClientResult, slack: float = 1.0) -> bool:
-    """A success for a client that hung up is right only if the relay had relayed the last
-    upstream byte before the client left. The outcome is decided then (`completion_seconds`
-    after the start); the canonical line comes after the final write (`duration_ms`). The
-    slack covers the service's loop lag under a burst (a hang-up takes effect when the loop
-    reads it); it must stay well below the time a relay that ignored the hang-up would
-    still run (the churn's streams last 2 s, hang-ups come within 0.3 s of the first byte)."""
-    if result.hung_up_at is None or "completion_seconds" not in event:
-        return False
-    decided_at = logged_at(event) - (event["duration_ms"] / 1000 - event["completion_seconds"])
-    return decided_at <= result.hung_up_at + slack
 
 
 def error_summary(errors: list[dict[str, Any]], limit: int = 3) -> str:

@@ -15,7 +15,9 @@ from typing import Callable
 
 import pytest
 
+from mlpa_aiohttp.testing.fake_litellm import Scenario
 from tests.support.relays import RELAYS, relay_env
+
 from .harness import (
     Fakes,
     HangUp,
@@ -63,9 +65,11 @@ async def _burst(
     litellm: dict,
     spread_seconds: float = 1.0,
     relay: str = "regular",
+    scenario: Scenario | None = None,
 ) -> tuple[list, Verdict, dict, Fakes]:
-    """`clients` streams started over `spread_seconds`, each hanging up as `hang_up_for` says,
-    plus the fault control; returns the clients' results, the service's log and metrics."""
+    """`clients` streams started over `spread_seconds`, each hanging up as `hang_up_for` says
+    (their chat asks the fake LiteLLM for `scenario`, if given), plus the fault control;
+    returns the clients' results, the service's log and metrics."""
     fakes = await start_fakes(**litellm)
     service = await start_service(fakes, tmp_path, **relay_env(relay))
     phases = {}
@@ -82,7 +86,9 @@ async def _burst(
                 await asyncio.sleep(rng.uniform(0, spread_seconds))
                 request_id = f"hangup-{index}"
                 hang_up = hang_up_for(index, watch)
-                return await stream_client(request_id, service.port, hang_up, content=f"Hello {request_id}")
+                # The request id stays the content's last word: the fakes' records are found by it.
+                marker = f"[fake:{scenario}] " if scenario is not None else ""
+                return await stream_client(request_id, service.port, hang_up, content=f"Hello {marker}{request_id}")
 
             control = asyncio.ensure_future(
                 stream_client(FAULT_ID, service.port, None, content="Hello [fake:mid_stream_error]")
@@ -157,8 +163,10 @@ def _assert_upstreams_closed(results, verdict: Verdict, fakes: Fakes) -> None:
 
 @pytest.mark.parametrize("relay", RELAYS)
 async def test_hang_ups_mid_stream_are_aborts(tmp_path, relay: str):
-    """1,000 streams of 10 s; each client hangs up 0.05-1.5 s after its first byte (half
-    with a FIN, half with an RST)."""
+    """1,000 streams that only the service can end (the fake's endless scenario, an event
+    every 50 ms); each client hangs up 0.05-1.5 s after its first byte (half with a FIN,
+    half with an RST). Each must be an abort however late a starved loop reads the hang-up:
+    a stream with an end could be relayed in full first (seen after loop stalls of 8 s)."""
     rng = jitter(7)
     results, verdict, figures, fakes = await _burst(
         tmp_path,
@@ -166,6 +174,7 @@ async def test_hang_ups_mid_stream_are_aborts(tmp_path, relay: str):
         hang_up_for=lambda i, _: HangUp(after_seconds=rng.uniform(0.05, 1.5), reset=i % 2 == 1),
         litellm={"ttft": 0.05, "chunks": 200, "interval": 0.05},
         relay=relay,
+        scenario=Scenario.ENDLESS,
     )
     _assert_hang_ups_are_aborts(results, verdict, figures, fakes)
     _assert_upstreams_closed(results, verdict, fakes)

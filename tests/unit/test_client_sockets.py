@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from mlpa_aiohttp import client_sockets
-from mlpa_aiohttp.client_sockets import DeadPeerOptions
-from mlpa_aiohttp.settings import Settings
+from mlpa_aiohttp.settings import DeadPeerOptions, Settings
 
 needs_linux_options = pytest.mark.skipif(not client_sockets.supported(), reason="TCP keepalive options are Linux only")
 OPTIONS = DeadPeerOptions(idle_seconds=7, interval_seconds=3, count=4, user_timeout_seconds=11.5)

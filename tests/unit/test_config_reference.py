@@ -26,6 +26,7 @@ from mlpa_aiohttp.settings_reference import (
     reference_markdown,
     sections,
 )
+from mlpa_aiohttp.startup import EXIT_CONFIG
 
 from ..conftest import TEST_SECRETS
 
@@ -42,7 +43,7 @@ def not_current(path: str, made: str, command: str) -> str:
 
 @pytest.mark.parametrize(
     ("path", "make", "command"),
-    [(MARKDOWN_PATH, reference_markdown, MARKDOWN_COMMAND), (ENV_PATH, example_env, ENV_COMMAND)],
+    [(MARKDOWN_PATH, lambda: reference_markdown(EXIT_CONFIG), MARKDOWN_COMMAND), (ENV_PATH, example_env, ENV_COMMAND)],
 )
 def test_the_committed_reference_is_what_the_settings_make(path: str, make: typing.Callable[[], str], command: str) -> None:
     problem = not_current(path, make(), command)
@@ -50,7 +51,7 @@ def test_the_committed_reference_is_what_the_settings_make(path: str, make: typi
 
 
 def test_the_staleness_message_names_the_command_and_the_difference() -> None:
-    made = reference_markdown().replace("| `PORT` | `8080` |", "| `PORT` | `9090` |")
+    made = reference_markdown(EXIT_CONFIG).replace("| `PORT` | `8080` |", "| `PORT` | `9090` |")
     problem = not_current(MARKDOWN_PATH, made, MARKDOWN_COMMAND)
     assert MARKDOWN_COMMAND in problem
     assert "-| `PORT` | `8080` |" in problem and "+| `PORT` | `9090` |" in problem
@@ -108,7 +109,7 @@ def test_exactly_the_secret_fields_are_marked_secret() -> None:
     assert {"MASTER_KEY", "DB_PASSWORD", "SENTRY_DSN"} <= secret_fields
     entries = [entry for section in sections() for entry in section.entries]
     assert {entry.name for entry in entries if entry.secret} == secret_fields
-    rows = {line.split("|")[1].strip(" `"): line for line in reference_markdown().splitlines() if line.startswith("| `")}
+    rows = {line.split("|")[1].strip(" `"): line for line in reference_markdown(EXIT_CONFIG).splitlines() if line.startswith("| `")}
     for entry in entries:
         assert ("**secret**" in rows[entry.name]) == entry.secret, entry.name
     refused = {entry.name for entry in entries if entry.refused}
@@ -143,7 +144,7 @@ def test_the_built_in_budget_tiers_shown_are_the_catalogues() -> None:
 
 
 def test_the_reference_lists_the_reference_services_names() -> None:
-    text = reference_markdown()
+    text = reference_markdown(EXIT_CONFIG)
     for old, rename in RENAMED.items():
         assert f"| `{old}` | `{rename.new}` |" in text
     for old in NOT_READ:

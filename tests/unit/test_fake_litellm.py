@@ -293,7 +293,7 @@ async def test_unknown_scenario_is_a_loud_400(
 
 def test_scenario_names_are_exact() -> None:
     assert {s.value for s in ALL_SCENARIOS} == {
-        "ok", "slow_first_byte", "hang_before_headers", "hang_after_headers", "mid_stream_error",
+        "ok", "slow_first_byte", "hang_before_headers", "hang_after_headers", "endless", "mid_stream_error",
         "mid_stream_error_event", "empty_stream", "split_event", "usage_empty_choices", "delta_null", "tool_calls",
         "drop_on_reuse",
         "budget_400", "budget_429", "budget_422", "rate_limit_429", "provider_rate_limit_429", "throttling_429",
@@ -444,6 +444,26 @@ async def test_hang_after_headers_sends_headers_then_silence(
     resp.close()
     await asyncio.wait_for(fake.requests[0].disconnected.wait(), 2)
     assert fake.requests[0].disconnected_at is not None
+
+
+async def test_endless_stream_runs_until_the_client_leaves(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
+    fake.chunks, fake.interval = 2, 0.01
+    resp = await session.post(
+        server.make_url("/v1/chat/completions"), json=chat_body("[fake:endless]"), headers=VIRTUAL
+    )
+    assert resp.status == 200
+    received = b""
+    # Well past `chunks` content events, and still no finish chunk or [DONE].
+    while received.count(b'"delta":{"content":') < 3 * len(fake.words):
+        chunk = await asyncio.wait_for(resp.content.readany(), 2)
+        assert chunk, f"the stream ended: {received[-120:]!r}"
+        received += chunk
+    assert b"finish_reason" not in received and b"[DONE]" not in received
+    assert fake.requests[0].disconnected_at is None
+    resp.close()
+    await asyncio.wait_for(fake.requests[0].disconnected.wait(), 2)
 
 
 async def test_mid_stream_error_cuts_the_connection_after_two_chunks(

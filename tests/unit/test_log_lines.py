@@ -7,7 +7,10 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import re
+import sys
+import threading
 from typing import Any, Iterator
 
 import pytest
@@ -17,10 +20,12 @@ from hypothesis import strategies as st
 
 from mlpa_aiohttp.observability import log_context
 from mlpa_aiohttp.observability.logging import (
-    REDACTED, REDACTED_KEYS, EventRecord, _redact, render_json, scrub, stdlib_formatter,
+    REDACTED, REDACTED_KEYS, _redact, render_json, scrub, stdlib_formatter,
 )
 from mlpa_aiohttp.wire import loggable
 from tests.support.depth import examples
+
+from ..conftest import Service, chat_body
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -227,16 +232,63 @@ def test_a_dataclass_in_a_json_line_is_its_repr_so_its_hidden_fields_stay_hidden
     assert "s3cret" not in line["who"] and "u-1" in line["who"]
 
 
-def test_an_event_record_carries_every_attribute_a_standard_record_does() -> None:
-    """Handlers, caplog and Sentry's logging integration read a record's attributes; the
-    event's record sets them itself, so it must set every one, to the standard values."""
-    event = {"event": "request", "status": 200}
-    standard = logging.LogRecord("mlpa_aiohttp.request", logging.WARNING, "(unknown file)", 0, event, None, None)
-    ours = EventRecord("mlpa_aiohttp.request", logging.WARNING, event)
-    assert sorted(vars(ours)) == sorted(vars(standard))
-    timing = {"created", "msecs", "relativeCreated"}
-    assert {k: v for k, v in vars(ours).items() if k not in timing} == {
-        k: v for k, v in vars(standard).items() if k not in timing}
-    assert 0 <= ours.created - standard.created < 1.0
-    assert abs((ours.relativeCreated - standard.relativeCreated) - 1000 * (ours.created - standard.created)) < 1.0
-    assert ours.getMessage() == standard.getMessage() == str(event)
+# Every attribute the standard library documents for a format string ("LogRecord
+# attributes"), as the running Python has them.
+DOCUMENTED_ATTRIBUTES = [
+    "args", "asctime", "created", "exc_info", "filename", "funcName", "levelname", "levelno", "lineno",
+    "message", "module", "msecs", "msg", "name", "pathname", "process", "processName", "relativeCreated",
+    "stack_info", "thread", "threadName",
+] + (["taskName"] if sys.version_info >= (3, 12) else [])
+EVERY_ATTRIBUTE = "\x1f".join(f"{name}=%({name})s" for name in DOCUMENTED_ATTRIBUTES)
+
+
+def formatted_fields(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, str]:
+    return dict(field.split("=", 1) for field in formatter.format(record).split("\x1f"))
+
+
+async def test_a_standard_format_with_every_documented_attribute_formats_the_services_lines(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator's own handler (a file, syslog, a collector's agent) may format any
+    attribute the running Python documents, `taskName` on 3.12 and later included."""
+    response = await service.chat(chat_body(stream=True))
+    assert response.status == 200
+    await response.read()
+
+    formatter = logging.Formatter(EVERY_ATTRIBUTE)
+    [record] = [r for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == "request"]
+    fields = formatted_fields(formatter, record)
+    assert list(fields) == DOCUMENTED_ATTRIBUTES
+    assert (fields["name"], fields["levelname"], fields["levelno"]) == ("mlpa_aiohttp.request", "INFO", "20")
+    assert fields["process"] == str(os.getpid()) and fields["threadName"] == threading.current_thread().name
+    assert "'event': 'request'" in fields["message"] and "'status': 200" in fields["message"]
+    if sys.version_info >= (3, 12):
+        # Written by the request's handler, in a task of aiohttp's.
+        assert fields["taskName"] not in ("", "None")
+    # And every other line the request wrote.
+    for other in caplog.records:
+        assert list(formatted_fields(formatter, other)) == DOCUMENTED_ATTRIBUTES
+
+
+async def test_a_record_factory_applies_to_the_services_lines(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tracing library's logging integration installs a record factory to put its ids on
+    every record; the service's own lines are made by it too."""
+    standard_factory = logging.getLogRecordFactory()
+
+    def with_trace_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = standard_factory(*args, **kwargs)
+        record.trace_id = "trace-1"  # type: ignore[attr-defined]
+        return record
+
+    logging.setLogRecordFactory(with_trace_id)
+    try:
+        response = await service.client.get("/health/liveness")
+        assert response.status == 200
+        await response.read()
+    finally:
+        logging.setLogRecordFactory(standard_factory)
+
+    [record] = [r for r in caplog.records if isinstance(r.msg, dict) and r.msg.get("event") == "request"]
+    assert record.trace_id == "trace-1"  # type: ignore[attr-defined]
