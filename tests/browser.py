@@ -1,7 +1,8 @@
 """Headless Chromium for page tests, driven over the DevTools protocol.
 
 `chromium_page()` starts a fresh browser with its own profile and yields a `Page`; tests
-skip (one line, with the fix) where no Chromium is installed.
+skip (one line, with the fix) where no Chromium is installed. Tests that use it live in
+modules named `test_*_browser.py`, the slow tier's (tests/support/tiers.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import pytest
+
+from tests.support.tiers import require_slow_tier
 
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")) if p), None
@@ -128,6 +131,7 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
 
 @contextlib.asynccontextmanager
 async def chromium_page() -> AsyncIterator[Page]:
+    require_slow_tier("starts Chromium")
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium)")
     profile = Path(tempfile.mkdtemp(prefix="mlpa-chromium-"))

@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import rsa
 from aiohttp.test_utils import TestClient, TestServer
 
 from mlpa_aiohttp import keys
@@ -18,6 +19,8 @@ from mlpa_aiohttp.observability.logging import configure_logging
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from tests.support import depth
+from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
 TEST_SECRETS = {
@@ -109,9 +112,22 @@ async def fake_litellm_server(aiohttp_server) -> AsyncIterator[tuple[FakeLiteLLM
     yield fake, server
 
 
+@pytest.fixture(scope="session")
+def fxa_signing_key() -> rsa.RSAPrivateKey:
+    """The RSA key every test's fake FxA signs with (each under its own key id): making a
+    2048-bit key costs about 45 ms of CPU, a third of the quick tier's when each test made its own."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.fixture(scope="session")
+def google_service_account_key() -> rsa.RSAPrivateKey:
+    """The service account key of every test's fake Google (for the same reason)."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
 @pytest.fixture
-async def fake_fxa_server(aiohttp_server) -> AsyncIterator[tuple[FakeFxA, TestServer]]:
-    fake = FakeFxA()
+async def fake_fxa_server(aiohttp_server, fxa_signing_key: rsa.RSAPrivateKey) -> AsyncIterator[tuple[FakeFxA, TestServer]]:
+    fake = FakeFxA(first_key=fxa_signing_key)
     server = await aiohttp_server(fake.make_app())
     yield fake, server
 
@@ -154,8 +170,22 @@ def open_streams(service: Service) -> int:
     return int(value or 0)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    depth.choose_profile(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return depth.describe()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that reaches the session's PostgreSQL must say so: `-m "not postgres"` relies on it."""
+    """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs
+    from where it lives. A test that reaches the session's PostgreSQL must say so itself:
+    `-m "not postgres"` relies on it. The image test runs only when `-m` names `image`."""
+    for item in items:
+        for name in slow_markers(item.nodeid.split("::", 1)[0]):
+            item.add_marker(name)
     unmarked = [
         item.nodeid
         for item in items
@@ -163,6 +193,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError("these tests use PostgreSQL but lack @pytest.mark.postgres:\n  " + "\n  ".join(unmarked))
+    if "image" not in (config.getoption("markexpr", default="") or ""):
+        image = [item for item in items if item.get_closest_marker("image") is not None]
+        if image:
+            config.hook.pytest_deselected(items=image)
+            items[:] = [item for item in items if item.get_closest_marker("image") is None]
 
 
 logging.getLogger("asyncio").setLevel(logging.WARNING)

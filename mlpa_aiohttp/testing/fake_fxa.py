@@ -106,7 +106,10 @@ class FakeFxA:
         verify_delay: VerifyDelay = 0.0,
         jwks_delay: float = 0.0,
         register_demo_token: bool = True,
+        first_key: rsa.RSAPrivateKey | None = None,
     ) -> None:
+        """`first_key`: the private key of the first key id, instead of a new one (making a
+        2048-bit key takes tens of milliseconds of CPU; a test suite shares one)."""
         self.issuer = issuer
         self.client_id = client_id
         self.key_size = key_size
@@ -121,7 +124,7 @@ class FakeFxA:
         self.demo_token = DEMO_TOKEN
         self._keys: dict[str, _SigningKey] = {}
         self._kid_serial = itertools.count(1)
-        self._current_kid = self.new_key()
+        self._current_kid = self.new_key(private_key=first_key)
         if register_demo_token:
             self.add_opaque_token(DEMO_TOKEN, DEMO_UID)
 
@@ -135,10 +138,14 @@ class FakeFxA:
     def published_kids(self) -> list[str]:
         return [key.kid for key in self._keys.values() if key.published]
 
-    def new_key(self, *, publish: bool = True, make_current: bool = False) -> str:
-        """Create an RSA key; unpublished keys sign tokens the JWKS can't verify yet."""
+    def new_key(
+        self, *, publish: bool = True, make_current: bool = False, private_key: rsa.RSAPrivateKey | None = None
+    ) -> str:
+        """A new key id with a new RSA key (or `private_key`); unpublished keys sign tokens
+        the JWKS can't verify yet."""
         kid = f"fake-{next(self._kid_serial)}-{secrets.token_hex(4)}"
-        private_key = rsa.generate_private_key(public_exponent=65537, key_size=self.key_size)
+        if private_key is None:
+            private_key = rsa.generate_private_key(public_exponent=65537, key_size=self.key_size)
         self._keys[kid] = _SigningKey(kid, private_key, publish)
         if make_current:
             self._current_kid = kid

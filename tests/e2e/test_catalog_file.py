@@ -26,8 +26,6 @@ from ..conftest import TEST_SECRETS, chat_body
 from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, json_lines, json_log_env, run_to_exit, wait_until_live
 from tests.support.processes import REPO_ROOT, free_port
 
-pytestmark = pytest.mark.e2e
-
 DONE = b"data: [DONE]\n\n"
 
 # One mistake of each kind the loader reports, in file order.

@@ -23,8 +23,6 @@ from mlpa_aiohttp.settings import variable_names
 from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
 from tests.support.processes import free_port, running_demo
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).resolve().parents[2]
 
 SUBCOMMANDS = ("serve", "demo", "fake-upstream", "migrate")

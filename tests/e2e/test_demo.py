@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tests.support.processes import assert_demo_streams_a_completion
-
-pytestmark = pytest.mark.e2e
 
 
 async def test_demo_streams_a_completion() -> None:

@@ -14,8 +14,6 @@ from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.testing.fake_litellm import DEFAULT_PRICES
 from tests.support.processes import running_demo
 
-pytestmark = pytest.mark.e2e
-
 DEMO_CHUNKS = 20  # the demo's fake LiteLLM (`__main__._demo`)
 DEMO_PROMPT_TOKENS = 7
 

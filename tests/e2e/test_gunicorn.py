@@ -20,8 +20,6 @@ from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, wait_until_live
 
 from ..conftest import chat_body
 
-pytestmark = pytest.mark.e2e
-
 DRAIN_SECONDS = 1
 WORKERS = 2
 SHUTDOWN_FRAME = b'data: {"code": 503, "error": "Server shutting down"}\n\n'

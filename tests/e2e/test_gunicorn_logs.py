@@ -13,13 +13,11 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from ..conftest import TEST_SECRETS, chat_body
 from tests.support.gunicorn import GUNICORN, json_lines, json_log_env, run_to_exit
 from tests.support.processes import REPO_ROOT, free_port
 
-pytestmark = pytest.mark.e2e
 
 async def test_every_line_is_json_from_start_to_stop(fake_litellm_server, fake_fxa_server, tmp_path: Path) -> None:
     (_, litellm_server), (fxa, fxa_server) = fake_litellm_server, fake_fxa_server

@@ -19,7 +19,6 @@ import pytest
 from ..conftest import TEST_SECRETS
 
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2), installed by .ci/run"),
 ]
 

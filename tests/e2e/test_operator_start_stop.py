@@ -24,8 +24,6 @@ from tests.support.processes import free_port
 
 from ..conftest import TEST_SECRETS
 
-pytestmark = pytest.mark.e2e
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GUNICORN = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"]
 

@@ -30,7 +30,6 @@ from ..conftest import TEST_SECRETS, chat_body
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian: apt-get install prometheus)"),
 ]
 

@@ -26,8 +26,6 @@ from mlpa_aiohttp.testing.fake_litellm import completion_text
 from tests.support.postgres import ThrowawayPostgres
 from tests.support.processes import free_port
 
-pytestmark = pytest.mark.e2e
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECTION_HEADING = "## Running it for real"
 TERMINALS = ("install", "superuser", "terminal-1", "terminal-2", "terminal-3")

@@ -14,8 +14,6 @@ import pytest
 
 from tests.support.processes import assert_demo_streams_a_completion
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).resolve().parents[2]
 # What the Dockerfile copies into its build stage: the wheel is built from exactly these.
 BUILD_CONTEXT = ("setup.cfg", "pyproject.toml", "README.md", "mlpa_aiohttp")

@@ -1,30 +1,30 @@
-"""Fuzzing fixtures and the bounded, reproducible hypothesis settings of the default run.
+"""Fuzzing fixtures and the bounded, reproducible hypothesis settings of the fuzz tests.
 
-`MLPA_FUZZ=long` runs twenty times the examples with fresh random seeds (and remembers
-failures in `.hypothesis/`); the default is derandomized, so CI is reproducible.
+How many examples a test runs follows the run's depth (tests/support/depth.py: a tenth in
+the quick tier, twenty times with `MLPA_FUZZ=long`); every depth but the long one is
+derandomized, so CI is reproducible, and only the long one remembers failures in `.hypothesis/`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from .live_service import LiveService, live_service
+from tests.support.depth import derandomized, examples
 
-LONG = os.environ.get("MLPA_FUZZ", "").lower() == "long"
+from .live_service import LiveService, live_service
 
 
 def fuzz_settings(max_examples: int, **overrides: object) -> settings:
-    """Bounded and derandomized by default; `MLPA_FUZZ=long` for a deeper search."""
+    """`max_examples` at the usual depth, scaled to this run's; derandomized but at the long one."""
     return settings(
-        max_examples=max_examples * (20 if LONG else 1),
-        derandomize=not LONG,
-        database=None if not LONG else settings.default.database,
+        max_examples=examples(max_examples),
+        derandomize=derandomized(),
+        database=None if derandomized() else settings.default.database,
         deadline=None,
         print_blob=True,
         # Function-scoped fixtures (the live service's error check) deliberately span all

@@ -151,7 +151,7 @@ PgServiceFactory = Callable[..., Awaitable[Service]]
 
 @pytest.fixture
 async def make_pg_service(
-    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings
+    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings, fxa_signing_key
 ) -> PgServiceFactory:
     """The whole service on the session's PostgreSQL (`MLPA_STORE=postgres`), with a fake
     LiteLLM that writes its end users into LiteLLM's table and a fake FxA. Each call starts
@@ -161,7 +161,7 @@ async def make_pg_service(
         master_key=TEST_SECRETS["MASTER_KEY"],
         customer_table=litellm_table,
     )
-    fxa = FakeFxA()
+    fxa = FakeFxA(first_key=fxa_signing_key)
     litellm_server = await aiohttp_server(litellm.make_app())
     fxa_server = await aiohttp_server(fxa.make_app())
 

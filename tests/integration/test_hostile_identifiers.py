@@ -32,8 +32,8 @@ BAD_IDS = ["nul\x00id", "cr\rid", "esc\x1bid", "c1\x9bid"]
 
 
 @pytest.fixture
-async def google(tmp_path: Path) -> AsyncIterator[FakeGoogle]:
-    fake = FakeGoogle()
+async def google(tmp_path: Path, google_service_account_key) -> AsyncIterator[FakeGoogle]:
+    fake = FakeGoogle(private_key=google_service_account_key)
     async with fake.serve():
         fake.credentials_file = fake.write_service_account_file(tmp_path / "sa.json")
         yield fake
@@ -41,14 +41,15 @@ async def google(tmp_path: Path) -> AsyncIterator[FakeGoogle]:
 
 @pytest.fixture
 async def pg_service(
-    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings, google: FakeGoogle
+    aiohttp_client, aiohttp_server, litellm_table: EndUserTable, pg_settings: PostgresSettings, google: FakeGoogle,
+    fxa_signing_key,
 ) -> Service:
     litellm = FakeLiteLLM(
         virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"],
         master_key=TEST_SECRETS["MASTER_KEY"],
         customer_table=litellm_table,
     )
-    fxa = FakeFxA()
+    fxa = FakeFxA(first_key=fxa_signing_key)
     settings = make_settings(
         str((await aiohttp_server(litellm.make_app())).make_url("")).rstrip("/"),
         str((await aiohttp_server(fxa.make_app())).make_url("/v1")),

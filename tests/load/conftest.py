@@ -8,25 +8,9 @@ from typing import Iterator
 
 import pytest
 
-from ..conftest import Service, ServiceFactory
+from tests.support.relays import make_service_on_both_relays  # noqa: F401 (fixture: in-process load tests on both relays)
+
 from .harness import raise_open_file_limit
-
-# The relays a load test runs against (RELAY_FAST_PATH off and on).
-RELAY_PATHS = ("regular", "fast")
-
-
-def relay_env(path: str) -> dict[str, str]:
-    return {"RELAY_FAST_PATH": "true" if path == "fast" else "false"}
-
-
-@pytest.fixture(params=RELAY_PATHS)
-def make_service(request: pytest.FixtureRequest, make_service: ServiceFactory) -> ServiceFactory:
-    """In-process load tests run on both relays."""
-
-    async def build(**env: str) -> Service:
-        return await make_service(**{**relay_env(request.param), **env})
-
-    return build
 
 
 @pytest.fixture(autouse=True)

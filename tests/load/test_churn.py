@@ -5,11 +5,7 @@ the warm-up's, every request has one canonical line and no outcome is misclassif
 
 from __future__ import annotations
 
-import pytest
-
 from .churn import churn, clients_off_script, misclassified, summary
-
-pytestmark = pytest.mark.load
 
 WAVES = 4
 WAVE_SIZE = 1000

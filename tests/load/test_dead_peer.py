@@ -8,8 +8,6 @@ import pytest
 
 from .dead_peer import BOUND_SECONDS, run_in_namespaces, unavailable_reason
 
-pytestmark = pytest.mark.load
-
 _UNAVAILABLE = unavailable_reason()
 needs_namespaces = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"dead-peer test: {_UNAVAILABLE}")
 CLIENTS = ("vanish-streaming", "vanish-idle")

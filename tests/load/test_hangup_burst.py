@@ -16,8 +16,8 @@ from typing import Callable
 import pytest
 
 from mlpa_aiohttp.testing.fake_litellm import Scenario
+from tests.support.relays import RELAYS, relay_env
 
-from .conftest import RELAY_PATHS, relay_env
 from .harness import (
     Fakes,
     HangUp,
@@ -30,8 +30,6 @@ from .harness import (
     stream_client,
     UpstreamWatch,
 )
-
-pytestmark = pytest.mark.load
 
 FAULT_ID = "fault-control"
 WARM_UP_ID = "warm-up"
@@ -163,7 +161,7 @@ def _assert_upstreams_closed(results, verdict: Verdict, fakes: Fakes) -> None:
     assert still_open == [], f"{len(still_open)} aborted streams left their upstream open"
 
 
-@pytest.mark.parametrize("relay", RELAY_PATHS)
+@pytest.mark.parametrize("relay", RELAYS)
 async def test_hang_ups_mid_stream_are_aborts(tmp_path, relay: str):
     """1,000 streams that only the service can end (the fake's endless scenario, an event
     every 50 ms); each client hangs up 0.05-1.5 s after its first byte (half with a FIN,
@@ -197,7 +195,7 @@ async def test_hang_ups_during_ttft_are_aborts(tmp_path):
     _assert_upstreams_closed(results, verdict, fakes)
 
 
-@pytest.mark.parametrize("relay", RELAY_PATHS)
+@pytest.mark.parametrize("relay", RELAYS)
 async def test_hang_ups_during_a_large_burst_are_aborts(tmp_path, relay: str):
     """300 clients on slow links (8 KiB receive buffers) hang up after 64 KiB while the
     upstream sends 1.3 MB in one go. The relay is often waiting for the client's transport

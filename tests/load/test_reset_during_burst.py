@@ -13,8 +13,6 @@ import pytest
 from ..conftest import Service, events
 from .harness import HangUp, stream_client
 
-pytestmark = pytest.mark.load
-
 
 @pytest.mark.parametrize("attempt", range(3))
 async def test_a_reset_during_a_large_burst_is_an_abort(service: Service, caplog, attempt: int) -> None:

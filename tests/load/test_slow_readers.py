@@ -14,10 +14,8 @@ import subprocess
 
 import pytest
 
-from .conftest import RELAY_PATHS, relay_env
+from tests.support.relays import RELAYS, relay_env
 from .harness import chat_request, open_client_connection, start_fakes, start_service, stream_client
-
-pytestmark = pytest.mark.load
 
 STALLED = 4
 UPSTREAM_BYTES = 48 * 2**20
@@ -56,7 +54,7 @@ def socket_memory(service_port: int, upstream_port: str) -> str:
     )
 
 
-@pytest.mark.parametrize("relay", RELAY_PATHS)
+@pytest.mark.parametrize("relay", RELAYS)
 async def test_stalled_clients_do_not_grow_memory(tmp_path, relay: str):
     event_size = 160  # each fake content event is ~160 bytes
     fakes = await start_fakes(ttft=0.05, chunks=UPSTREAM_BYTES // event_size, interval=0.0)

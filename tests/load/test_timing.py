@@ -22,8 +22,6 @@ from tests.support.waiting import wait_for
 
 from ..conftest import Service, chat_body
 
-pytestmark = pytest.mark.load
-
 # A poll every 0.1 s (the reference's disconnect watcher) would miss this by half.
 HANG_UP_SEEN_WITHIN = 0.05
 

@@ -29,8 +29,6 @@ from .capture import capture, capture_files
 from .captures import COMMITTED
 from .litellm_process import NOT_INSTALLED, litellm_executable
 
-pytestmark = pytest.mark.e2e
-
 if litellm_executable() is None:
     pytest.skip(NOT_INSTALLED, allow_module_level=True)
 

@@ -21,8 +21,6 @@ from tests.support.processes import stop_process
 
 from .conftest import MASTER_KEY, NOT_INSTALLED, PRICE_PER_TOKEN, Fakes, RealLiteLLM, Service, free_port, litellm_executable, service_env, start_service
 
-pytestmark = pytest.mark.e2e
-
 if litellm_executable() is None:
     pytest.skip(NOT_INSTALLED, allow_module_level=True)
 

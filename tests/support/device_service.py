@@ -22,8 +22,8 @@ def ca() -> TestAttestationCA:
 
 
 @pytest.fixture
-async def google(tmp_path: Path):
-    fake = FakeGoogle()
+async def google(tmp_path: Path, google_service_account_key):
+    fake = FakeGoogle(private_key=google_service_account_key)
     async with fake.serve():
         fake.credentials_file = fake.write_service_account_file(tmp_path / "sa.json")
         yield fake

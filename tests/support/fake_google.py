@@ -91,9 +91,13 @@ class FakeGoogle:
     decode_requests: list[RecordedRequest] = field(default_factory=list)
     issued_tokens: set[str] = field(default_factory=set)
     base_url: str | None = None
+    # The service account's key; None makes a new one (a test suite shares one: making a
+    # 2048-bit key takes tens of milliseconds of CPU).
+    private_key: rsa.RSAPrivateKey | None = None
 
     def __post_init__(self) -> None:
-        self.private_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if self.private_key is None:
+            self.private_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.private_key_id = secrets.token_hex(20)
 
     @property

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import TEST_SECRETS
 from tests.support.processes import REPO_ROOT, free_port, stop_process
+from tests.support.tiers import require_slow_tier
 
 GUNICORN = [sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"]
 
@@ -63,6 +64,7 @@ async def running_gunicorn(
 ) -> AsyncIterator[Gunicorn]:
     """gunicorn started with `env`, its output in `log_path`; on the way out SIGTERM, and
     SIGKILL after `stop_seconds`."""
+    require_slow_tier("starts gunicorn")
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(GUNICORN, cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         server = Gunicorn(process, f"http://127.0.0.1:{port}", metrics_dir, log_path, token, int(env["GUNICORN_WORKERS"]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import random
 import re
 import signal
 import socket
@@ -14,11 +16,47 @@ from pathlib import Path
 
 import aiohttp
 
+from .tiers import require_slow_tier
+
 # The checkout the tests run from (the e2e tests start its config files and modules).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+# A port handed to a process that binds it later is drawn below the kernel's ephemeral range:
+# a port found free inside that range can be taken before the process binds it, by any
+# outgoing connection or bind to port 0 (another pytest-xdist worker's, say). Each xdist
+# worker draws from its own slice, so two workers never pick the same port.
+PORTS_FROM = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _worker_slice(first: int, last: int) -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = (last - first) // max(workers, 1)
+    start = first + (index % max(workers, 1)) * width
+    return range(start, start + width)
+
+
 def free_port() -> int:
+    """A loopback port no socket is bound to (see PORTS_FROM)."""
+    candidates = _worker_slice(PORTS_FROM, _ephemeral_low())
+    for port in random.sample(candidates, k=min(len(candidates), 500)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    # An ephemeral range that starts too low to leave room below it: the kernel's choice.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -40,6 +78,7 @@ def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
 def running_demo(env: Mapping[str, str], cwd: str | None = None) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`python -m mlpa_aiohttp demo` on a free port, its stdout and stderr merged into one
     text pipe; yields the process and the port. On exit it is sent SIGTERM and must exit 0."""
+    require_slow_tier("starts the demo")
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "mlpa_aiohttp", "demo", "--port", str(port)],

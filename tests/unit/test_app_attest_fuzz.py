@@ -6,7 +6,8 @@ Inputs: arbitrary bytes, arbitrary CBOR documents, documents shaped like Apple's
 hostile parts, mutations of genuine objects, and, signed by the test CA so that the
 checks behind the signatures run too, hostile authData and nonce-extension bytes.
 
-`MLPA_FUZZ_EXAMPLES` scales every test's example budget (default: a few seconds in all).
+`MLPA_FUZZ_EXAMPLES` scales every test's example budget (default: a few seconds in all), on
+top of the run's depth (tests/support/depth.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mlpa_aiohttp.auth.app_attest_crypto import (
     verify_attestation,
 )
 from tests.support.app_attest_device import TestAttestationCA, TestDevice, encode_nonce_extension
+from tests.support.depth import examples as at_this_depth
 
 from .app_attest_vectors import load_vectors, vectors_dir
 
@@ -61,7 +63,7 @@ SEED_ASSERTIONS = [GENUINE_ASSERTION] + [a.assertion_object for vector in REAL f
 
 def budget(examples: int) -> settings:
     return settings(
-        max_examples=max(1, int(examples * SCALE)),
+        max_examples=max(1, int(at_this_depth(examples) * SCALE)),
         deadline=None,  # a shared 2-core machine; speed is not the property
         database=None,  # no .hypothesis folder in the worktree
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

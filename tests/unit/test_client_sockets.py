@@ -29,15 +29,6 @@ def test_accepted_connections_inherit_the_listeners_options():
                 assert client_sockets.read(client) is None
 
 
-@needs_linux_options
-def test_a_plain_listener_gives_accepted_connections_no_keepalive():
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        with socket.create_connection(listener.getsockname()):
-            accepted, _ = listener.accept()
-            with accepted:
-                assert client_sockets.read(accepted) is None
-
-
 def test_the_bound_follows_the_options():
     assert OPTIONS.bound_seconds() == 11.5 + 3
     assert DeadPeerOptions(60, 10, 6, 120).bound_seconds() == 130

@@ -23,6 +23,7 @@ from mlpa_aiohttp.observability.logging import (
     REDACTED, REDACTED_KEYS, _redact, render_json, scrub, stdlib_formatter,
 )
 from mlpa_aiohttp.wire import loggable
+from tests.support.depth import examples
 
 from ..conftest import Service, chat_body
 
@@ -183,7 +184,7 @@ _values = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.dictionaries(_names, _values, max_size=30))
 def test_scrub_hides_and_escapes_exactly_what_the_plain_rule_does(event: dict[str, Any]) -> None:
     expected = scrubbed_plainly(dict(event))
@@ -205,7 +206,7 @@ _json_values = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.dictionaries(st.text(max_size=12), _json_values, max_size=12))
 def test_a_json_line_is_ascii_and_reads_back_as_the_standard_librarys_would(event: dict[str, Any]) -> None:
     line = render_json(None, "info", event)

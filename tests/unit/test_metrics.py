@@ -4,6 +4,7 @@ compatibility.md D9 (unmatched paths, whole-stream latency) and compatibility.md
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -382,6 +383,28 @@ async def test_process_and_gc_series_as_prometheus_client_exposes_them(service: 
     for generation in ("0", "1", "2"):
         assert (("python_gc_collections_total", (("generation", generation),))) in samples
     assert {"python_gc_objects_collected_total", "python_gc_objects_uncollectable_total", "python_info"} <= names
+
+
+async def test_collections_are_timed_by_generation_in_metrics(service: Service) -> None:
+    async def scrape() -> dict[tuple[str, str], float]:
+        response = await service.client.get("/metrics")
+        assert response.status == 200
+        found = {}
+        for family in text_string_to_metric_families(await response.text()):
+            if family.name == "mlpa_gc_pause_seconds":
+                for sample in family.samples:
+                    if sample.name.endswith(("_count", "_sum")):
+                        found[(sample.name.rsplit("_", 1)[1], sample.labels["generation"])] = sample.value
+        return found
+
+    before = await scrape()
+    gc.collect()  # one full collection, generation 2
+    gc.collect(0)
+    after = await scrape()
+    assert after[("count", "2")] >= before[("count", "2")] + 1
+    assert after[("count", "0")] >= before[("count", "0")] + 1
+    assert after[("sum", "2")] > before[("sum", "2")]
+    assert set(gen for _, gen in after) == {"0", "1", "2"}
 
 
 async def test_signup_capacity_gauges_are_read_at_scrape_time(make_service: ServiceFactory) -> None:

@@ -269,8 +269,8 @@ def test_valid_claims_fixture_itself_verifies() -> None:
 
 
 @pytest.fixture
-async def fake_google() -> AsyncIterator[FakeGoogle]:
-    fake = FakeGoogle()
+async def fake_google(google_service_account_key) -> AsyncIterator[FakeGoogle]:
+    fake = FakeGoogle(private_key=google_service_account_key)
     async with fake.serve():
         yield fake
 
