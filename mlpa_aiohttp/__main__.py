@@ -499,7 +499,7 @@ def _add_catalog(commands: argparse._SubParsersAction) -> None:
 
 def _checked_catalog(path: str):
     """The catalogue in `path`, or None once every problem is reported."""
-    from .catalog_file import CatalogError, load_catalog
+    from .catalog.file import CatalogError, load_catalog
     from .observability.logging import log_startup_failure
     from .startup import json_logs_requested
 
@@ -536,7 +536,7 @@ def _run_catalog_check(args: argparse.Namespace) -> int:
 
 
 def _run_catalog_show(args: argparse.Namespace) -> int:
-    from .catalog_file import render_catalog
+    from .catalog.file import render_catalog
     from .observability.logging import log_startup_failure
     from .startup import json_logs_requested
 

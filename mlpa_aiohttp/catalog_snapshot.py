@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from typing import Mapping, MutableMapping
 
-from .catalog_file import CatalogError, read_catalog_file
+from .catalog.file import CatalogError, read_catalog_file
 from .observability.logging import log_problems
 from .settings import Settings, catalog_file_path, catalog_file_problem
 from .startup import CATALOG_FILE_HINT, json_logs_requested

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
 
 from .catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
-from .catalog_file import CatalogError, load_catalog
+from .catalog.file import CatalogError, load_catalog
 from .settings_compat import with_reference_aliases
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceTypeEntry
-from mlpa_aiohttp.catalog_file import render_catalog
+from mlpa_aiohttp.catalog.file import render_catalog
 
 from ..conftest import TEST_SECRETS, chat_body
 from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, json_lines, json_log_env, run_to_exit, wait_until_live

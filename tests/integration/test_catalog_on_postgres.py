@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 import pytest
 
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ModelEntry, ServiceTypeEntry
-from mlpa_aiohttp.catalog_file import render_catalog
+from mlpa_aiohttp.catalog.file import render_catalog
 from mlpa_aiohttp.store.pools import Pools
 
 from ..conftest import Service, chat_body

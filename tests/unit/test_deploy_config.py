@@ -507,7 +507,7 @@ def catalogue_text() -> str:
 
 
 def test_the_catalogue_configmap_is_a_valid_catalogue() -> None:
-    from mlpa_aiohttp.catalog_file import parse_catalog
+    from mlpa_aiohttp.catalog.file import parse_catalog
 
     parse_catalog(catalogue_text().encode())  # raises, listing every problem
 
@@ -521,7 +521,7 @@ def test_the_catalogue_is_mounted_where_mlpa_catalog_file_points() -> None:
     assert volume["configMap"]["name"] == CATALOG_CONFIGMAP
     assert path.name in the("ConfigMap", CATALOG_CONFIGMAP)["data"]
     settings = Settings.from_environ(manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS})
-    from mlpa_aiohttp.catalog_file import parse_catalog
+    from mlpa_aiohttp.catalog.file import parse_catalog
 
     assert settings.catalog == parse_catalog(catalogue_text().encode())
     # The migration Job mounts no catalogue, so it must not be told to read one.

@@ -15,7 +15,7 @@ import re
 import tomllib
 from typing import Any, Callable, Iterable, TypeVar
 
-from .catalog import (
+from . import (
     CATALOG_NAME,
     CATALOG_NAME_MAX_LENGTH,
     DEFAULT_BUDGET_DURATION,
