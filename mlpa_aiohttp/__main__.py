@@ -21,7 +21,7 @@ import structlog
 from . import __version__, client_sockets
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError, variable_names
-from .settings_compat import warn_about_environment
+from .settings.compat import warn_about_environment
 from .startup import (
     DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
@@ -557,7 +557,7 @@ def _run_catalog_show(args: argparse.Namespace) -> int:
 
 CONFIG_VARIABLES = """environment:
   none: it prints every variable with its default, not the values set. Made from
-  mlpa_aiohttp/settings.py; docs/configuration.md and config/example.env are its output."""
+  mlpa_aiohttp/settings/__init__.py; docs/configuration.md and config/example.env are its output."""
 
 
 def _add_config(commands: argparse._SubParsersAction) -> None:
@@ -575,7 +575,7 @@ def _add_config(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_config(args: argparse.Namespace) -> int:
-    from .settings_reference import example_env, reference_markdown
+    from .settings.reference import example_env, reference_markdown
 
     sys.stdout.write(reference_markdown(EXIT_CONFIG) if args.markdown else example_env())
     return 0

@@ -6,10 +6,10 @@ environment (tests call it directly). `app_factory()` is the gunicorn worker's e
 process-wide logging.
 
 Who else reads the environment, and why. Every variable of the service is parsed by
-`Settings.from_environ` (settings.py); its other callers are the CLI (`__main__.py`: serve,
+`Settings.from_environ` (settings/__init__.py); its other callers are the CLI (`__main__.py`: serve,
 demo, migrate), gunicorn's master (config/gunicorn.conf.py, which alone parses
 GUNICORN_WORKERS, WEB_CONCURRENCY and GUNICORN_WORKER_CLASS) and test tools. Besides it:
-* `settings_compat.warn_about_environment` looks at every variable's name (never its value)
+* `settings/compat.warn_about_environment` looks at every variable's name (never its value)
   for renamed, retired and misspelled ones; here and in the CLI.
 * `startup.json_logs_requested` reads LOG_JSON leniently, so that a start-up failure
   (even an invalid LOG_JSON) is reported in the requested format; the CLI,
@@ -54,7 +54,7 @@ from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
 from .settings import Settings, variable_names
-from .settings_compat import warn_about_environment
+from .settings.compat import warn_about_environment
 from .store.app_attest import (
     ChallengeStore,
     MemoryChallengeStore,

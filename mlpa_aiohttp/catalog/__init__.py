@@ -4,7 +4,7 @@ model pinning.
 These are facts of the wire contract (compatibility.md §2.2). The built-in catalogue (`BUILTIN_CATALOG`)
 is the reference's; a deployment may replace it with a TOML file (`MLPA_CATALOG_FILE`,
 docs/catalog.md) read and checked by `catalog/file.py`, and the budget variables of
-`settings.py` apply on top of either. Nothing reads a module-level catalogue at run time:
+`settings/__init__.py` apply on top of either. Nothing reads a module-level catalogue at run time:
 the effective one travels in the settings (`Settings.catalog`).
 """
 

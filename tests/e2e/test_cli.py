@@ -20,7 +20,7 @@ import pytest
 from mlpa_aiohttp import __version__
 from mlpa_aiohttp.routes.health import MEMORY_STORE_STATE
 from mlpa_aiohttp.settings import variable_names
-from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
+from mlpa_aiohttp.settings.compat import READ_ELSEWHERE
 from tests.support.processes import free_port, running_demo
 
 REPO = Path(__file__).resolve().parents[2]

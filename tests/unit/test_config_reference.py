@@ -1,6 +1,6 @@
 """The configuration reference is made from the settings and committed as made: every variable
 read is documented once, with a meaning, its default as read, and secrets marked
-(settings_reference.py; docs/configuration.md, config/example.env)."""
+(settings/reference.py; docs/configuration.md, config/example.env)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from mlpa_aiohttp import settings as settings_module
 from mlpa_aiohttp.settings import Settings, field_variable, variable_names
-from mlpa_aiohttp.settings_compat import NOT_READ, READ_ELSEWHERE, RENAMED
-from mlpa_aiohttp.settings_reference import (
+from mlpa_aiohttp.settings.compat import NOT_READ, READ_ELSEWHERE, RENAMED
+from mlpa_aiohttp.settings.reference import (
     ENV_COMMAND,
     ENV_PATH,
     MARKDOWN_COMMAND,

@@ -35,7 +35,7 @@ import yaml
 from gunicorn.config import Config as GunicornConfig
 
 from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings, SettingsError, variable_names
-from mlpa_aiohttp.settings_compat import READ_ELSEWHERE
+from mlpa_aiohttp.settings.compat import READ_ELSEWHERE
 
 from ..conftest import TEST_SECRETS
 

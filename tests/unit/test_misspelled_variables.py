@@ -1,5 +1,5 @@
 """Misspelled variable names are named, whatever their prefix, and only ours: the platform's
-and the interpreter's own names are never taken for misspellings (settings_compat)."""
+and the interpreter's own names are never taken for misspellings (settings/compat.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from mlpa_aiohttp.observability.logging import log_startup_failure
 from mlpa_aiohttp.settings import Settings, SettingsError, variable_names
-from mlpa_aiohttp.settings_compat import environment_notices, unknown_variable_notes
+from mlpa_aiohttp.settings.compat import environment_notices, unknown_variable_notes
 from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
 
 from ..conftest import TEST_SECRETS

@@ -1,5 +1,5 @@
 """The reference's variable names at switch-over: renamed ones are aliases with a warning,
-retired ones and unknown MLPA_/UPSTREAM_/PG_ names are warned about (settings_compat)."""
+retired ones and unknown MLPA_/UPSTREAM_/PG_ names are warned about (settings/compat.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from mlpa_aiohttp.settings import Settings, variable_names
-from mlpa_aiohttp.settings_compat import NOT_READ, RENAMED, environment_notices, unknown_variable_notes
+from mlpa_aiohttp.settings.compat import NOT_READ, RENAMED, environment_notices, unknown_variable_notes
 from mlpa_aiohttp.startup import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 from ..conftest import TEST_SECRETS

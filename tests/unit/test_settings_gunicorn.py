@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import pytest
 
 from mlpa_aiohttp.settings import ServerSettings, Settings, variable_names
-from mlpa_aiohttp.settings_compat import RENAMED
+from mlpa_aiohttp.settings.compat import RENAMED
 
 from ..conftest import TEST_SECRETS
 

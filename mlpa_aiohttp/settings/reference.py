@@ -1,9 +1,9 @@
 """The configuration reference, made from the settings.
 
 `python -m mlpa_aiohttp config --markdown` prints docs/configuration.md and `config --env`
-prints config/example.env, both from the fields of settings.py: each variable's name, default
+prints config/example.env, both from the fields of settings/__init__.py: each variable's name, default
 and meaning have one owner, its field (a `derived` field's `documents` for the variables its
-reader reads), and settings_compat.py for the variables other code reads and the reference
+reader reads), and settings/compat.py for the variables other code reads and the reference
 service's names. tests/unit/test_config_reference.py fails when a committed copy is not what
 these functions make now.
 """
@@ -17,8 +17,8 @@ import textwrap
 from dataclasses import Field, dataclass, fields, is_dataclass
 from typing import Any, Iterator, get_type_hints
 
-from .catalog import BUILTIN_CATALOG, env_name
-from .settings import (
+from ..catalog import BUILTIN_CATALOG, env_name
+from . import (
     DEBUG_DEFAULTS,
     DEMO_DEFAULTS,
     Documented,
@@ -27,7 +27,7 @@ from .settings import (
     field_default,
     field_variable,
 )
-from .settings_compat import NOT_READ, READ_ELSEWHERE, RENAMED
+from .compat import NOT_READ, READ_ELSEWHERE, RENAMED
 
 MARKDOWN_PATH = "docs/configuration.md"
 ENV_PATH = "config/example.env"
@@ -211,7 +211,7 @@ def reference_markdown(config_error_exit: int) -> str:
     lines = [
         "# Configuration",
         "",
-        "<!-- Made from mlpa_aiohttp/settings.py: edit the settings, then run",
+        "<!-- Made from mlpa_aiohttp/settings/__init__.py: edit the settings, then run",
         f"     {MARKDOWN_COMMAND} -->",
         "",
         "Every environment variable the service reads, with its default and meaning, by section.",
@@ -304,7 +304,7 @@ def example_env() -> str:
     """config/example.env."""
     lines = [
         "# mlpa-aiohttp: every environment variable, with its default.",
-        "# Made from mlpa_aiohttp/settings.py: edit the settings, then run",
+        "# Made from mlpa_aiohttp/settings/__init__.py: edit the settings, then run",
         f"#     {ENV_COMMAND}",
         f"# {MARKDOWN_PATH} is the same list with what each variable accepts.",
         "# A commented-out line is unset by default. SECRET lines show the documented development",

@@ -3,7 +3,7 @@
 Renamed variables are read as aliases of their new names (the new name wins when both are
 set); every one found, every reference variable this service no longer reads, every
 unknown `MLPA_*` / `UPSTREAM_*` / `PG_*` variable and any other name close to a known one
-(`LOG_LEVLE`) gets one WARNING at start-up naming what to use instead. `settings.py`
+(`LOG_LEVLE`) gets one WARNING at start-up naming what to use instead. `settings/__init__.py`
 applies the aliases; the entry points log the warnings once logging is configured, and a
 configuration error lists the unknown names in its one message. docs/migration.md has the
 same table for people. The variables other code reads (gunicorn's config file, libraries)

@@ -3,7 +3,7 @@
 Each field names its environment variable, holds the one default and says what the variable
 means (`variable`, `secret`, `derived`); the reader walks the fields, so a new setting is one
 field, and the configuration reference (docs/configuration.md, config/example.env) is made from
-them by settings_reference.py. The demo and MLPA_DEBUG change a few defaults: `DEMO_DEFAULTS`
+them by settings/reference.py. The demo and MLPA_DEBUG change a few defaults: `DEMO_DEFAULTS`
 and `DEBUG_DEFAULTS` say which.
 
 `Settings.from_environ(os.environ)` is called by the entry points only (gunicorn's config
@@ -21,9 +21,9 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
 
-from .catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
-from .catalog.file import CatalogError, load_catalog
-from .settings_compat import with_reference_aliases
+from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
+from ..catalog.file import CatalogError, load_catalog
+from .compat import with_reference_aliases
 
 FXA_PRODUCTION_URL = "https://oauth.accounts.firefox.com/v1"
 FXA_STAGE_URL = "https://api-accounts.stage.mozaws.net/v1"
@@ -48,7 +48,7 @@ class _Env:
     """Typed, case-insensitive reads from an environ mapping; errors name the variable."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        # The reference's renamed variables are read as their new names (settings_compat).
+        # The reference's renamed variables are read as their new names (settings/compat.py).
         self._values = with_reference_aliases({k.upper(): v for k, v in environ.items()})
         self.names_read: set[str] = set()
         # Every invalid value is recorded and replaced by its default, so that reading
