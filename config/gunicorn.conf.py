@@ -27,7 +27,7 @@ The port in use or not ours to bind: one message naming the address, exit status
 
 The catalogue file (MLPA_CATALOG_FILE) is checked by the master, at start and on each HUP;
 workers read the master's copy of the last file that passed, so a broken file on HUP is one
-ERROR, and the new workers serve the previous catalogue (mlpa_aiohttp/catalog_snapshot.py).
+ERROR, and the new workers serve the previous catalogue (mlpa_aiohttp/process/catalog_snapshot.py).
 Every line gunicorn writes goes through the app's formatter.
 
 Shutdown budget, outermost first (kept in order by tests/unit/test_deploy_config.py):
@@ -42,9 +42,9 @@ import os
 import shutil
 import socket
 
-from mlpa_aiohttp.catalog_snapshot import report_catalog_kept, snapshot_for_environ
+from mlpa_aiohttp.process.catalog_snapshot import report_catalog_kept, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings
-from mlpa_aiohttp.startup import (
+from mlpa_aiohttp.process.startup import (
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
     listen_problem,
@@ -52,10 +52,10 @@ from mlpa_aiohttp.startup import (
     report_unavailable,
 )
 
-# aiohttp's workers with clean start-up errors and a clean socket close (gunicorn_worker.py).
+# aiohttp's workers with clean start-up errors and a clean socket close (process/gunicorn_worker.py).
 WORKER_CLASSES = {
-    "asyncio": "mlpa_aiohttp.gunicorn_worker.ServiceWorker",
-    "uvloop": "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker",
+    "asyncio": "mlpa_aiohttp.process.gunicorn_worker.ServiceWorker",
+    "uvloop": "mlpa_aiohttp.process.gunicorn_worker.ServiceUVLoopWorker",
 }
 
 # The app's settings without the secret checks (on_starting adds them): the values below
@@ -245,7 +245,7 @@ def _refuse_a_taken_address(server) -> None:
 
 def on_reload(server) -> None:
     """On HUP, before the new workers are forked: take the operator's catalogue file if it
-    passes the start-up check, else keep the last good one (mlpa_aiohttp/catalog_snapshot.py)."""
+    passes the start-up check, else keep the last good one (mlpa_aiohttp/process/catalog_snapshot.py)."""
     snapshot = getattr(server, "mlpa_catalog_snapshot", None)
     if snapshot is None:
         return
@@ -264,9 +264,9 @@ def post_fork(server, worker) -> None:
 
 
 def when_ready(server) -> None:
-    """Dead-peer detection (mlpa_aiohttp/client_sockets.py) on the listeners: workers'
+    """Dead-peer detection (mlpa_aiohttp/process/client_sockets.py) on the listeners: workers'
     accepted client connections inherit keepalive and TCP_USER_TIMEOUT from them."""
-    from mlpa_aiohttp import client_sockets
+    from mlpa_aiohttp.process import client_sockets
 
     options = Settings.from_environ(os.environ, check_secrets=False).server.dead_peer_options()
     applied = [client_sockets.apply(listener.sock, options) for listener in server.LISTENERS]

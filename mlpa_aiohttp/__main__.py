@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import structlog
 
-from . import __version__, client_sockets
+from . import __version__
+from .process import client_sockets
 from .observability.logging import configure_logging
 from .settings import Settings, SettingsError, variable_names
 from .settings.compat import warn_about_environment
-from .startup import (
+from .process.startup import (
     DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
@@ -501,7 +502,7 @@ def _checked_catalog(path: str):
     """The catalogue in `path`, or None once every problem is reported."""
     from .catalog.file import CatalogError, load_catalog
     from .observability.logging import log_startup_failure
-    from .startup import json_logs_requested
+    from .process.startup import json_logs_requested
 
     try:
         return load_catalog(path)
@@ -538,7 +539,7 @@ def _run_catalog_check(args: argparse.Namespace) -> int:
 def _run_catalog_show(args: argparse.Namespace) -> int:
     from .catalog.file import render_catalog
     from .observability.logging import log_startup_failure
-    from .startup import json_logs_requested
+    from .process.startup import json_logs_requested
 
     reading = Settings.read_environ(os.environ, check_secrets=False)
     problems = [problem for problem in reading.problems if problem.startswith(_CATALOG_PROBLEM_PREFIXES)]

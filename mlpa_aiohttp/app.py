@@ -13,7 +13,7 @@ GUNICORN_WORKERS, WEB_CONCURRENCY and GUNICORN_WORKER_CLASS) and test tools. Bes
   for renamed, retired and misspelled ones; here and in the CLI.
 * `startup.json_logs_requested` reads LOG_JSON leniently, so that a start-up failure
   (even an invalid LOG_JSON) is reported in the requested format; the CLI,
-  gunicorn.conf.py, gunicorn_worker.py and store/migrate.py hand it `os.environ` for that.
+  gunicorn.conf.py, process/gunicorn_worker.py and store/migrate.py hand it `os.environ` for that.
 * `__main__`'s demo reads MLPA_UI_ACCESS_KEY to print it, or makes a random one.
 * observability/metrics.py checks PROMETHEUS_MULTIPROC_DIR itself: prometheus_client
   switches to multiprocess mode on that variable, not on our settings.
@@ -41,14 +41,14 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
-from .gc_tuning import settle_heap
+from .process.gc_tuning import settle_heap
 from .middlewares import add_security_headers, error_mapping, request_context
 from .models import RequestRules
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
-from .overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
+from .process.overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
@@ -86,7 +86,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     streams = StreamTracker()
     monitor = LoadMonitor(settings.overload, streams.open_count, metrics) if settings.overload.enabled else None
-    # Overload shedding comes first, before even the log line (overload.py says why).
+    # Overload shedding comes first, before even the log line (process/overload.py says why).
     shedding = [shedding_middleware(monitor)] if monitor is not None else []
     app = web.Application(
         middlewares=[*shedding, request_context, error_mapping],

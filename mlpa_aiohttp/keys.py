@@ -28,8 +28,8 @@ from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
 
 if TYPE_CHECKING:
-    # overload.py is a middleware module (it imports aiohttp.web): named for the type only.
-    from .overload import LoadMonitor
+    # process/overload.py is a middleware module (it imports aiohttp.web): named for the type only.
+    from .process.overload import LoadMonitor
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)

@@ -1,7 +1,7 @@
 """Middlewares and response signals. Order (outermost first), and why:
 
 0. With OVERLOAD_PROTECTION only, `overload.shed_when_overloaded`, before everything here
-   (a shed request's log line would cost more than its 503; overload.py).
+   (a shed request's log line would cost more than its 503; process/overload.py).
 1. `request_context` binds the log context, times the request and writes the one
    canonical log line, also for a cancelled handler (the client left: `client_disconnected`,
    499; shutdown ended it: `ended_by_shutdown`, 503; `relay/ending.request_line` says which,

@@ -382,7 +382,7 @@ def log_problems(
     json: bool,
     fields: dict[str, Any] | None = None,
     unknown_variables: Sequence[str] = (),
-    logger: str = "mlpa_aiohttp.startup",
+    logger: str = "mlpa_aiohttp.process.startup",
     stream: TextIO | None = None,
 ) -> None:
     """Every problem of a configuration in one message, what came of it (`outcome`), the

@@ -5,7 +5,7 @@ request body's reader gets it as its exception); a failed write carries its own.
 errno tells the kinds apart:
 
 * `client_timeout`: ETIMEDOUT, the peer stopped answering (TCP keepalive probes or
-  TCP_USER_TIMEOUT, see `mlpa_aiohttp.client_sockets`): a vanished client;
+  TCP_USER_TIMEOUT, see `mlpa_aiohttp.process.client_sockets`): a vanished client;
 * `client_reset`: ECONNRESET / EPIPE, the client reset the connection;
 * `client_closed`: an orderly close (FIN), or no reason known.
 """

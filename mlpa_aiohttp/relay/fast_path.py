@@ -60,7 +60,7 @@ is a plain `StreamReader` neither at EOF nor failed, and both transports open. A
 the regular relay. It relies on aiohttp internals that are not public API (the parser
 calling `feed_data` on the response's reader; the reader's `_protocol` slot; the table in
 docs/architecture.md), so `usable()` checks once at start that the running aiohttp is one
-it was tested on (aiohttp_internals.py) and has what it uses; otherwise the regular relay
+it was tested on (process/aiohttp_internals.py) and has what it uses; otherwise the regular relay
 serves every stream. Nothing private is imported at import time.
 """
 
@@ -74,7 +74,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.streams import StreamReader
 
-from ..aiohttp_internals import fence, missing_attributes
+from ..process.aiohttp_internals import fence, missing_attributes
 from .delivery import ClientWriteFailed, Delivery
 
 

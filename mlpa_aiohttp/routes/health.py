@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from .. import __version__, keys
-from ..overload import readiness_body
+from ..process.overload import readiness_body
 from ..store.base import MEMORY_STORE_STATE
 
 log = structlog.get_logger(__name__)

@@ -307,7 +307,7 @@ def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class DeadPeerOptions:
-    """Dead-peer detection on client connections (client_sockets.py): TCP keepalive and
+    """Dead-peer detection on client connections (process/client_sockets.py): TCP keepalive and
     TCP_USER_TIMEOUT."""
 
     idle_seconds: float
@@ -388,7 +388,7 @@ class ServerSettings:
         meaning="Idle keep-alive of client connections. Keep it above the load balancer's idle timeout, so"
         " that the balancer, not the service, closes idle connections.",
     )
-    # Dead-peer detection on client connections (client_sockets.py). Probes are answered by
+    # Dead-peer detection on client connections (process/client_sockets.py). Probes are answered by
     # any live client's kernel, so a healthy slow client is never cut.
     client_keepalive_idle_seconds: float = variable(
         "CLIENT_KEEPALIVE_IDLE_SECONDS",
@@ -424,7 +424,7 @@ class ServerSettings:
         " beyond it waits on SYN retransmits (1, 3, 7 s). The kernel caps it at `net.core.somaxconn`:"
         " raise that too when raising this.",
     )
-    # For a heap of long-lived streams (gc_tuning.py).
+    # For a heap of long-lived streams (process/gc_tuning.py).
     gc_freeze_after_startup: bool = variable(
         "GC_FREEZE_AFTER_STARTUP",
         True,
@@ -882,7 +882,7 @@ _LAG_ENTER_LEAVE_MS = (200, 50)
 @dataclass(frozen=True, slots=True)
 class OverloadSettings:
     """Beyond the reference: shed new requests with a 503 while this worker is overloaded
-    (`overload.py`; `docs/scaling.md` says how to choose the bounds). Every bound is per worker."""
+    (`process/overload.py`; `docs/scaling.md` says how to choose the bounds). Every bound is per worker."""
 
     heading: ClassVar[str] = "Overload protection"
 

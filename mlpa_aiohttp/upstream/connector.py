@@ -27,7 +27,7 @@ the same `ClientConnectorError` aiohttp raises.
 
 It overrides a private method (`TCPConnector._wrap_create_connection`) and reads private
 attributes, so `make_connector` checks once, when the session is made, that the running
-aiohttp is one it was tested on and has them (aiohttp_internals.py); otherwise the session
+aiohttp is one it was tested on and has them (process/aiohttp_internals.py); otherwise the session
 gets aiohttp's own `TCPConnector`, with one WARNING.
 """
 
@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
-from ..aiohttp_internals import fence, missing_attributes
+from ..process.aiohttp_internals import fence, missing_attributes
 
 # What the override takes from aiohttp's own `_wrap_create_connection`, by keyword.
 _OVERRIDDEN_PARAMETERS = ("addr_infos", "req", "timeout", "client_error")

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import aiohttp
 import pytest
 
-from mlpa_aiohttp.startup import EXIT_CANNOT_LISTEN, GUNICORN_WORKER_BOOT_ERROR
+from mlpa_aiohttp.process.startup import EXIT_CANNOT_LISTEN, GUNICORN_WORKER_BOOT_ERROR
 from tests.support.processes import free_port
 
 from ..conftest import TEST_SECRETS

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from mlpa_aiohttp.settings import PostgresSettings
-from mlpa_aiohttp.startup import EXIT_UNAVAILABLE, GUNICORN_WORKER_BOOT_ERROR
+from mlpa_aiohttp.process.startup import EXIT_UNAVAILABLE, GUNICORN_WORKER_BOOT_ERROR
 from mlpa_aiohttp.store.pools import Pools
 from tests.support.processes import free_port
 

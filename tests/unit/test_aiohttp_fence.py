@@ -10,7 +10,7 @@ import sys
 import aiohttp
 import pytest
 
-from mlpa_aiohttp import aiohttp_internals
+from mlpa_aiohttp.process import aiohttp_internals
 from mlpa_aiohttp.relay import fast_path
 from tests.conftest import chat_body, events
 

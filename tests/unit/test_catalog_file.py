@@ -14,7 +14,7 @@ import pytest
 
 from mlpa_aiohttp.catalog import BUILTIN_CATALOG, DEFAULT_BUDGETS, ServiceType
 from mlpa_aiohttp.catalog.file import CatalogError, load_catalog, parse_catalog, render_catalog
-from mlpa_aiohttp.catalog_snapshot import CatalogSnapshot, snapshot_for_environ
+from mlpa_aiohttp.process.catalog_snapshot import CatalogSnapshot, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings, SettingsError
 
 from ..conftest import TEST_SECRETS

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mlpa_aiohttp import client_sockets
+from mlpa_aiohttp.process import client_sockets
 from mlpa_aiohttp.settings import DeadPeerOptions, Settings
 
 needs_linux_options = pytest.mark.skipif(not client_sockets.supported(), reason="TCP keepalive options are Linux only")

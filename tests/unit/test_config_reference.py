@@ -26,7 +26,7 @@ from mlpa_aiohttp.settings.reference import (
     reference_markdown,
     sections,
 )
-from mlpa_aiohttp.startup import EXIT_CONFIG
+from mlpa_aiohttp.process.startup import EXIT_CONFIG
 
 from ..conftest import TEST_SECRETS
 

@@ -250,7 +250,7 @@ def test_gunicorn_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     conf = load_gunicorn_conf(monkeypatch, {})
     assert conf["bind"] == ["0.0.0.0:8080"]
     assert conf["workers"] == 1
-    assert conf["worker_class"] == "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"
+    assert conf["worker_class"] == "mlpa_aiohttp.process.gunicorn_worker.ServiceUVLoopWorker"
     assert conf["keepalive"] == 75
     assert conf["accesslog"] is None
     defaults = Settings()
@@ -266,14 +266,14 @@ def test_gunicorn_accepts_every_setting(monkeypatch: pytest.MonkeyPatch) -> None
         config.set(name, conf[name])  # gunicorn's own validators
     assert {"bind", "workers", "worker_class", "keepalive", "graceful_timeout", "timeout",
             "logconfig_dict", "on_starting", "post_worker_init", "child_exit", "accesslog"} <= applied
-    assert config.worker_class_str == "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"
+    assert config.worker_class_str == "mlpa_aiohttp.process.gunicorn_worker.ServiceUVLoopWorker"
 
 
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"GUNICORN_WORKER_CLASS": "uvloop"}, {"worker_class": "mlpa_aiohttp.gunicorn_worker.ServiceUVLoopWorker"}),
-        ({"GUNICORN_WORKER_CLASS": "ASYNCIO"}, {"worker_class": "mlpa_aiohttp.gunicorn_worker.ServiceWorker"}),
+        ({"GUNICORN_WORKER_CLASS": "uvloop"}, {"worker_class": "mlpa_aiohttp.process.gunicorn_worker.ServiceUVLoopWorker"}),
+        ({"GUNICORN_WORKER_CLASS": "ASYNCIO"}, {"worker_class": "mlpa_aiohttp.process.gunicorn_worker.ServiceWorker"}),
         ({"WEB_CONCURRENCY": "3"}, {"workers": 3}),
         ({"WEB_CONCURRENCY": "3", "GUNICORN_WORKERS": "2"}, {"workers": 2}),
         ({"PORT": "9000"}, {"bind": ["0.0.0.0:9000"]}),

@@ -11,7 +11,7 @@ import pytest
 from mlpa_aiohttp.observability.logging import log_startup_failure
 from mlpa_aiohttp.settings import Settings, SettingsError, variable_names
 from mlpa_aiohttp.settings.compat import environment_notices, unknown_variable_notes
-from mlpa_aiohttp.startup import EXIT_CONFIG, report_config_error
+from mlpa_aiohttp.process.startup import EXIT_CONFIG, report_config_error
 
 from ..conftest import TEST_SECRETS
 

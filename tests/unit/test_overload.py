@@ -1,4 +1,4 @@
-"""Overload protection over real HTTP (mlpa_aiohttp/overload.py): real event-loop lag (the
+"""Overload protection over real HTTP (mlpa_aiohttp/process/overload.py): real event-loop lag (the
 test blocks the loop the app runs on), the open-stream and admission bounds, shedding with
 the generic 503 body and Retry-After, readiness flipping and recovering with hysteresis,
 and the settings' validation."""
@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.metrics import Metrics
-from mlpa_aiohttp.overload import SHED_REASONS, LoadMonitor, accept_queue_length, listening_sockets
+from mlpa_aiohttp.process.overload import SHED_REASONS, LoadMonitor, accept_queue_length, listening_sockets
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 

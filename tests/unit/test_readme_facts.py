@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from mlpa_aiohttp import __main__ as cli
-from mlpa_aiohttp import startup
+from mlpa_aiohttp.process import startup
 from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings
 from mlpa_aiohttp.settings.compat import READ_ELSEWHERE
 from mlpa_aiohttp.settings.reference import MARKDOWN_PATH, documented_names

@@ -14,7 +14,7 @@ import pytest
 
 from mlpa_aiohttp.settings import Settings, variable_names
 from mlpa_aiohttp.settings.compat import NOT_READ, RENAMED, environment_notices, unknown_variable_notes
-from mlpa_aiohttp.startup import EXIT_CONFIG, EXIT_UNAVAILABLE
+from mlpa_aiohttp.process.startup import EXIT_CONFIG, EXIT_UNAVAILABLE
 
 from ..conftest import TEST_SECRETS
 

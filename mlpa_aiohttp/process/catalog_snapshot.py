@@ -19,9 +19,9 @@ import shutil
 import tempfile
 from typing import Mapping, MutableMapping
 
-from .catalog.file import CatalogError, read_catalog_file
-from .observability.logging import log_problems
-from .settings import Settings, catalog_file_path, catalog_file_problem
+from ..catalog.file import CatalogError, read_catalog_file
+from ..observability.logging import log_problems
+from ..settings import Settings, catalog_file_path, catalog_file_problem
 from .startup import CATALOG_FILE_HINT, json_logs_requested
 
 CATALOG_FILE = "MLPA_CATALOG_FILE"
@@ -117,5 +117,5 @@ def report_catalog_kept(problems: list[str], environ: Mapping[str, str]) -> None
         hint=CATALOG_FILE_HINT.removeprefix("; "),
         json=json_logs_requested(environ),
         fields={"kept": "the last good catalogue"},
-        logger="mlpa_aiohttp.catalog_snapshot",
+        logger="mlpa_aiohttp.process.catalog_snapshot",
     )

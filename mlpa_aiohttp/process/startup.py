@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 from typing import Mapping, Sequence
 
-from .observability.logging import log_startup_failure
-from .settings import TRUTHY, SettingsError, variable_names
-from .settings.compat import unknown_variable_notes
+from ..observability.logging import log_startup_failure
+from ..settings import TRUTHY, SettingsError, variable_names
+from ..settings.compat import unknown_variable_notes
 
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: PostgreSQL unreachable at start-up
 EXIT_CANNOT_LISTEN = 71  # sysexits EX_OSERR: the port is taken or not ours to bind

@@ -59,8 +59,8 @@ from typing import AsyncIterator, Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from .observability.metrics import Metrics
-from .settings import OverloadSettings
+from ..observability.metrics import Metrics
+from ..settings import OverloadSettings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import socket
 
-from .settings import DeadPeerOptions
+from ..settings import DeadPeerOptions
 
 def supported() -> bool:
     return all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"))
