@@ -72,7 +72,7 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
-from .upstream.reachability import litellm_reachability_context
+from .upstream.reachability import warn_if_litellm_unreachable
 
 
 MAX_HEADER_FIELD_BYTES = 32 * 1024
@@ -236,6 +236,16 @@ async def _auth_context(app: web.Application) -> AsyncIterator[None]:
         google_tokens.close()
 
 
+async def _litellm_reachability_context(app: web.Application) -> AsyncIterator[None]:
+    """The start-up check of LiteLLM in the background, cancelled if the app stops first."""
+    check = asyncio.create_task(warn_if_litellm_unreachable(app[keys.SETTINGS].upstream))
+    try:
+        yield
+    finally:
+        check.cancel()
+        await asyncio.gather(check, return_exceptions=True)
+
+
 async def _drain_streams(app: web.Application) -> None:
     await app[keys.STREAMS].shutdown(app[keys.SETTINGS].server.shutdown_drain_seconds)
 
@@ -253,7 +263,7 @@ async def app_factory() -> web.Application:
     init_sentry(settings.observability.sentry_dsn, release=__version__, secrets=secret_values(settings))
     app = create_app(settings)
     # One WARNING if LiteLLM is not there at start-up; start-up does not wait for it.
-    app.cleanup_ctx.append(litellm_reachability_context)
+    app.cleanup_ctx.append(_litellm_reachability_context)
     # After every cleanup context (they run at on_startup's first entry): the heap is complete.
     app.on_startup.append(_settle_heap)
     return app

@@ -4,8 +4,8 @@ The service starts either way: LiteLLM may come up after it, readiness reports
 `unreachable` meanwhile, and completions fail until it answers. Without this line the only
 sign at start-up would be readiness. The check is one TCP connection to LiteLLM's host and
 port, made in the background so start-up never waits for it, and sends no request (LiteLLM
-logs nothing, a fake records nothing). `app_factory` adds it (serve, gunicorn); each
-process that starts the app checks once.
+logs nothing, a fake records nothing). `app_factory` runs it in a cleanup context (serve,
+gunicorn); each process that starts the app checks once.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ import asyncio
 import contextlib
 import os
 import socket
-from typing import AsyncIterator
 
 import structlog
-from aiohttp import web
 from yarl import URL
 
-from .. import keys
 from ..settings import UpstreamSettings
 
 log = structlog.get_logger(__name__)
@@ -72,13 +69,3 @@ async def warn_if_litellm_unreachable(settings: UpstreamSettings) -> None:
             cause=cause,
             consequence="starting anyway: readiness is 503 and completions fail until LiteLLM answers",
         )
-
-
-async def litellm_reachability_context(app: web.Application) -> AsyncIterator[None]:
-    """The start-up check in the background, cancelled if the app stops first."""
-    check = asyncio.create_task(warn_if_litellm_unreachable(app[keys.SETTINGS].upstream))
-    try:
-        yield
-    finally:
-        check.cancel()
-        await asyncio.gather(check, return_exceptions=True)
