@@ -208,10 +208,6 @@ class ChatBody(BaseModel):
     text: bool | None = None
 
 
-# The chat parameter allowlist (compatibility.md §4.1), in declaration order.
-CHAT_FIELDS: tuple[str, ...] = tuple(ChatBody.model_fields)
-
-
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """An accepted chat request: only allowlisted, non-null fields."""

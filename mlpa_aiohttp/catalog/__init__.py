@@ -226,9 +226,6 @@ BUILTIN_CATALOG = Catalog(
     ),
 )
 
-# The built-in catalogue's tiers by service type (for tests and the settings' defaults).
-DEFAULT_BUDGETS: Mapping[str, BudgetTier] = BUILTIN_CATALOG.budgets
-
 
 def service_type_list_text(catalog: Catalog = BUILTIN_CATALOG) -> str:
     return catalog.service_type_list_text()

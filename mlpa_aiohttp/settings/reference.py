@@ -96,16 +96,6 @@ def sections() -> tuple[Section, ...]:
     return tuple(found)
 
 
-def documented_names() -> list[str]:
-    """Every variable name the reference documents, `<TYPE>` expanded over the built-in
-    catalogue, in order (a name twice is a mistake the tests look for)."""
-    names = []
-    for section in sections():
-        for entry in section.entries:
-            names.extend(name for name, _tier in _expanded(entry))
-    return names
-
-
 def _docstring(section: type) -> str:
     return " ".join((inspect.getdoc(section) or "").split())
 
@@ -190,15 +180,6 @@ def _accepts(kind: Any, var: Variable, secret: bool) -> str:
     if var.minimum is not None:
         text += f" ≥ {_number(var.minimum)}"
     return text + (", **secret**" if secret else "")
-
-
-def _expanded(entry: Entry) -> Iterator[tuple[str, str | None]]:
-    """(name, service type) for each variable `entry` stands for."""
-    if TYPE_PLACEHOLDER not in entry.name:
-        yield entry.name, None
-        return
-    for service_type in BUILTIN_CATALOG.budgets:
-        yield entry.name.replace(TYPE_PLACEHOLDER, env_name(service_type)), service_type
 
 
 # --- Markdown -------------------------------------------------------------------------------

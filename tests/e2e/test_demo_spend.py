@@ -10,7 +10,7 @@ import re
 import aiohttp
 import pytest
 
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.testing.fake_litellm import DEFAULT_PRICES
 from tests.support.processes import running_demo
 
@@ -49,7 +49,7 @@ async def test_spend_and_budget_agree_between_litellm_and_the_usage_route() -> N
 
     prompt_price, completion_price = DEFAULT_PRICES
     expected_spend = 2 * (DEMO_PROMPT_TOKENS * prompt_price + DEMO_CHUNKS * completion_price)
-    tier = DEFAULT_BUDGETS[ServiceType.AI]
+    tier = BUILTIN_CATALOG.budgets[ServiceType.AI]
     assert user["user_id"].endswith(":ai")
     assert litellm_view["spend"] == pytest.approx(expected_spend)
     assert usage["spend"] == pytest.approx(litellm_view["spend"])

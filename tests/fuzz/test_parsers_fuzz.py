@@ -16,7 +16,7 @@ from mlpa_aiohttp.auth.dispatch import bearer_token
 from mlpa_aiohttp.auth.envelope import ASSERTION_CLAIMS, Base64Invalid, EnvelopeInvalid, decode_base64, decode_envelope
 from mlpa_aiohttp.auth.play import _parse_play_request
 from mlpa_aiohttp.errors import ApiError, RequestInvalid
-from mlpa_aiohttp.models import CHAT_FIELDS, parse_chat, parse_search
+from mlpa_aiohttp.models import ChatBody, parse_chat, parse_search
 from mlpa_aiohttp.wire import (
     MAX_JSON_DEPTH,
     BodyUnparseable,
@@ -109,7 +109,7 @@ def assert_documented(error: ApiError) -> None:
 
 @fuzz_settings(300)
 @given(
-    json_values | st.dictionaries(st.sampled_from(sorted(CHAT_FIELDS)), json_values, max_size=8),
+    json_values | st.dictionaries(st.sampled_from(sorted(ChatBody.model_fields)), json_values, max_size=8),
     st.dictionaries(
         st.sampled_from(["authorization", "service-type", "purpose", "use-app-attest", "use-play-integrity", "use-qa-certificates", "x-dev-authorization"]),
         header_text,
@@ -127,7 +127,7 @@ def test_chat_and_search_models_answer_a_value_or_a_4xx(body: Any, headers: dict
             if parse is parse_chat:
                 assert isinstance(request.model, str)
                 for name, value in request.fields.items():
-                    assert value is not None and name in CHAT_FIELDS
+                    assert value is not None and name in ChatBody.model_fields
             else:
                 assert isinstance(request.query, str) and 1 <= request.max_results <= 10
 

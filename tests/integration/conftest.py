@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
@@ -97,7 +97,7 @@ def customer_creator(litellm_table: EndUserTable) -> DirectCustomerCreator:
 async def pg_store(pools: Pools, customer_creator: DirectCustomerCreator, pg_settings: PostgresSettings) -> PostgresUserStore:
     """The store as the service has it after its start: every tier's budget row written."""
     store = PostgresUserStore(pools, customer_creator, pg_settings, admission_lock_timeout_ms=5000)
-    await store.ensure_budgets(DEFAULT_BUDGETS)
+    await store.ensure_budgets(BUILTIN_CATALOG.budgets)
     return store
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from mlpa_aiohttp.store.pools import Pools, open_pools
 from mlpa_aiohttp.store.postgres import PostgresUserStore
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.settings import PostgresSettings
 from tests.support.metrics import sample
 
@@ -21,8 +21,8 @@ from .conftest import PgServiceFactory, RecordingCreator, insert_user
 
 pytestmark = pytest.mark.postgres
 
-AI_BUDGET = DEFAULT_BUDGETS[ServiceType.AI].budget_id
-MEMORIES_BUDGET = DEFAULT_BUDGETS[ServiceType.MEMORIES].budget_id
+AI_BUDGET = BUILTIN_CATALOG.budgets[ServiceType.AI].budget_id
+MEMORIES_BUDGET = BUILTIN_CATALOG.budgets[ServiceType.MEMORIES].budget_id
 MASTER = {"master_key": f"Bearer {TEST_SECRETS['MASTER_KEY']}"}
 FOREIGN_KEY_MESSAGE = "Foreign key constraint failed on the field: `LiteLLM_EndUserTable_budget_id_fkey (index)`"
 
@@ -75,7 +75,7 @@ async def test_a_new_user_of_a_tier_whose_row_is_gone_is_created_after_the_row_i
     await delete_budget_row(pools, AI_BUDGET)
     assert await chat_as(pg_service, "newcomer") == 200
     assert await budget_of(pools, "newcomer:ai") == AI_BUDGET
-    tier = DEFAULT_BUDGETS[ServiceType.AI]
+    tier = BUILTIN_CATALOG.budgets[ServiceType.AI]
     row = await pools.litellm.fetchrow('SELECT max_budget, rpm_limit FROM "LiteLLM_BudgetTable" WHERE budget_id = $1', AI_BUDGET)
     assert (row["max_budget"], row["rpm_limit"]) == (tier.max_budget, tier.rpm_limit)  # from the catalogue
     assert sample(pg_service, "mlpa_budget_rows_restored_total", {"service_type": "ai", "at": "admission"}) == 1
@@ -204,7 +204,7 @@ async def test_the_start_relinks_every_user_left_without_a_budget_and_nobody_els
 ) -> None:
     await make_pg_service()  # the tiers' rows written, as at any start
     for user_id in ("a:ai", "b:ai", "c:memories"):
-        await insert_user(pools.litellm, user_id, DEFAULT_BUDGETS[ServiceType(user_id.split(":")[1])].budget_id)
+        await insert_user(pools.litellm, user_id, BUILTIN_CATALOG.budgets[ServiceType(user_id.split(":")[1])].budget_id)
     await insert_user(pools.litellm, "chosen:ai", MEMORIES_BUDGET)  # an operator's choice stays
     await delete_budget_row(pools, AI_BUDGET)
     await insert_user(pools.litellm, "no-tier:unknown-type")  # not one of the service's types
@@ -235,8 +235,8 @@ async def test_budget_rows_are_written_in_utc_whatever_the_sessions_time_zone(pg
             assert await new_york.litellm.fetchval("SHOW TIME ZONE") == "America/New_York"
             before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
             store = PostgresUserStore(new_york, RecordingCreator(), pg_settings)
-            await store.ensure_budgets({ServiceType.AI: DEFAULT_BUDGETS[ServiceType.AI]})  # inserts the row
-            await store.restore_budget(DEFAULT_BUDGETS[ServiceType.AI])  # updates it
+            await store.ensure_budgets({ServiceType.AI: BUILTIN_CATALOG.budgets[ServiceType.AI]})  # inserts the row
+            await store.restore_budget(BUILTIN_CATALOG.budgets[ServiceType.AI])  # updates it
             after = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     finally:
         await pools.litellm.execute(f'ALTER DATABASE "{database}" RESET TIME ZONE')

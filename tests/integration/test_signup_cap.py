@@ -9,7 +9,7 @@ from typing import AsyncIterator
 import asyncpg
 import pytest
 
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.base import StoreUnavailable
 from mlpa_aiohttp.store.pools import Pools, open_pools
@@ -19,7 +19,7 @@ from .conftest import RecordingCreator, insert_user
 pytestmark = pytest.mark.postgres
 
 CAPPED = frozenset({ServiceType.AI, ServiceType.MEMORIES})
-AI_BUDGET = DEFAULT_BUDGETS[ServiceType.AI].budget_id
+AI_BUDGET = BUILTIN_CATALOG.budgets[ServiceType.AI].budget_id
 
 
 async def claims(pools: Pools) -> set[str]:
@@ -198,14 +198,14 @@ async def test_two_workers_starting_together_leave_a_correct_count(
 
 
 async def test_budgets_are_upserted_for_all_tiers(pg_store: PostgresUserStore, pools: Pools) -> None:
-    await pg_store.ensure_budgets(DEFAULT_BUDGETS)
+    await pg_store.ensure_budgets(BUILTIN_CATALOG.budgets)
     rows = {r["budget_id"]: r for r in await pools.litellm.fetch('SELECT * FROM "LiteLLM_BudgetTable"')}
-    assert set(rows) == {tier.budget_id for tier in DEFAULT_BUDGETS.values()}
+    assert set(rows) == {tier.budget_id for tier in BUILTIN_CATALOG.budgets.values()}
     agent = rows["end-user-budget-agent"]
     assert (agent["max_budget"], agent["rpm_limit"], agent["tpm_limit"], agent["budget_duration"]) == (0.1, 10, 2000, "7d")
     assert agent["created_by"] == agent["updated_by"] == "default_user_id"
-    changed = dict(DEFAULT_BUDGETS)
-    tier = DEFAULT_BUDGETS[ServiceType.AGENT]
+    changed = dict(BUILTIN_CATALOG.budgets)
+    tier = BUILTIN_CATALOG.budgets[ServiceType.AGENT]
     changed[ServiceType.AGENT] = type(tier)(tier.budget_id, 5.0, 99, 999, "30d")
     await pg_store.ensure_budgets(changed)
     agent = await pools.litellm.fetchrow(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.store.postgres import PostgresUserStore
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
 from mlpa_aiohttp.testing.litellm_schema import EndUserTable
@@ -22,8 +22,8 @@ USER = "stacked:ai"
 async def test_spend_and_budget_agree_between_the_fake_and_litellms_tables(
     pg_store: PostgresUserStore, litellm_table: EndUserTable, aiohttp_server
 ) -> None:
-    await pg_store.ensure_budgets(DEFAULT_BUDGETS)  # what the service does at start
-    tier = DEFAULT_BUDGETS[ServiceType.AI]
+    await pg_store.ensure_budgets(BUILTIN_CATALOG.budgets)  # what the service does at start
+    tier = BUILTIN_CATALOG.budgets[ServiceType.AI]
     fake = FakeLiteLLM(customer_table=litellm_table, chunks=6)
     server = await aiohttp_server(fake.make_app())
     async with aiohttp.ClientSession() as session:

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.store.base import Admission, BudgetUsage, CapacityStateMissing
 
 from .conftest import StoreUnderTest, assert_json_ready
@@ -14,7 +14,7 @@ from .conftest import StoreUnderTest, assert_json_ready
 pytestmark = pytest.mark.postgres
 
 CAPPED = frozenset({ServiceType.AI, ServiceType.MEMORIES})
-AI_BUDGET = DEFAULT_BUDGETS[ServiceType.AI].budget_id
+AI_BUDGET = BUILTIN_CATALOG.budgets[ServiceType.AI].budget_id
 
 
 async def test_get_user_missing_then_present(any_store: StoreUnderTest) -> None:
@@ -32,7 +32,7 @@ async def test_get_user_missing_then_present(any_store: StoreUnderTest) -> None:
 @pytest.fixture(autouse=True)
 async def started(any_store: StoreUnderTest) -> None:
     """Each store as the service has it after its start: every tier's budget row written."""
-    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
+    await any_store.store.ensure_budgets(BUILTIN_CATALOG.budgets)
 
 
 async def test_create_user_goes_through_litellm_and_is_idempotent(any_store: StoreUnderTest) -> None:
@@ -70,7 +70,7 @@ async def test_same_identity_on_two_capped_types_uses_one_slot(any_store: StoreU
     assert (await store.admit("x")).newly_claimed
     await store.create_user("x:ai", AI_BUDGET)
     assert await store.admit("x") == Admission(admitted=True, newly_claimed=False)
-    await store.create_user("x:memories", DEFAULT_BUDGETS[ServiceType.MEMORIES].budget_id)
+    await store.create_user("x:memories", BUILTIN_CATALOG.budgets[ServiceType.MEMORIES].budget_id)
     state = await store.capacity_state()
     assert state is not None and state.current_identities == 1
 
@@ -150,8 +150,8 @@ async def test_set_budget_and_blocked(any_store: StoreUnderTest) -> None:
 
 
 async def test_ensure_budgets_and_ping(any_store: StoreUnderTest) -> None:
-    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
-    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)  # idempotent
+    await any_store.store.ensure_budgets(BUILTIN_CATALOG.budgets)
+    await any_store.store.ensure_budgets(BUILTIN_CATALOG.budgets)  # idempotent
     assert await any_store.store.ping() == {"postgres": True, "app_attest": True}
 
 
@@ -159,21 +159,21 @@ async def test_ensure_budgets_and_ping(any_store: StoreUnderTest) -> None:
 
 
 async def test_usage_of_a_missing_user_is_none(any_store: StoreUnderTest) -> None:
-    await any_store.store.ensure_budgets(DEFAULT_BUDGETS)
+    await any_store.store.ensure_budgets(BUILTIN_CATALOG.budgets)
     assert await any_store.store.get_usage("nobody:ai") is None
 
 
 async def test_usage_joins_spend_with_the_users_budget(any_store: StoreUnderTest) -> None:
     store = any_store.store
-    await store.ensure_budgets(DEFAULT_BUDGETS)
+    await store.ensure_budgets(BUILTIN_CATALOG.budgets)
     await any_store.add_user("spender:ai", AI_BUDGET)
-    await any_store.add_user("spender:memories", DEFAULT_BUDGETS[ServiceType.MEMORIES].budget_id, blocked=True)
+    await any_store.add_user("spender:memories", BUILTIN_CATALOG.budgets[ServiceType.MEMORIES].budget_id, blocked=True)
     await any_store.set_spend("spender:ai", 0.0425)
     reset = datetime(2026, 12, 1, 0, 0, tzinfo=timezone.utc)
     await any_store.set_budget_reset_at(AI_BUDGET, reset)
 
     ai = await store.get_usage("spender:ai")
-    tier = DEFAULT_BUDGETS[ServiceType.AI]
+    tier = BUILTIN_CATALOG.budgets[ServiceType.AI]
     assert ai == BudgetUsage(
         spend=0.0425,
         blocked=False,
@@ -187,12 +187,12 @@ async def test_usage_joins_spend_with_the_users_budget(any_store: StoreUnderTest
     # Each user id is its own row: the other service type keeps its own spend and tier.
     memories = await store.get_usage("spender:memories")
     assert memories is not None and memories.spend == 0 and memories.blocked
-    assert (memories.rpm_limit, memories.budget_reset_at) == (DEFAULT_BUDGETS[ServiceType.MEMORIES].rpm_limit, None)
+    assert (memories.rpm_limit, memories.budget_reset_at) == (BUILTIN_CATALOG.budgets[ServiceType.MEMORIES].rpm_limit, None)
 
 
 async def test_usage_without_a_budget_has_no_limits(any_store: StoreUnderTest) -> None:
     store = any_store.store
-    await store.ensure_budgets(DEFAULT_BUDGETS)
+    await store.ensure_budgets(BUILTIN_CATALOG.budgets)
     await any_store.add_user("no-budget:ai")
     await any_store.add_user("unknown-budget:ai", "no-such-budget")
     for user_id in ("no-budget:ai", "unknown-budget:ai"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.store.base import UserStore
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from mlpa_aiohttp.stream_slots import StreamSlots
@@ -19,7 +19,7 @@ from mlpa_aiohttp.stream_slots import StreamSlots
 async def seed_user(store: UserStore, user_id: str, budget_id: str | None = None, *, blocked: bool = False) -> None:
     """An end user as LiteLLM holds it; the budget defaults to the service type's tier."""
     if budget_id is None:
-        budget_id = DEFAULT_BUDGETS[ServiceType(user_id.rsplit(":", 1)[1])].budget_id
+        budget_id = BUILTIN_CATALOG.budgets[ServiceType(user_id.rsplit(":", 1)[1])].budget_id
     created = await store.create_user(user_id, budget_id)
     assert created is not None, f"{user_id} could not be created"
     if blocked:

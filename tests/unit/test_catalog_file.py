@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from mlpa_aiohttp.catalog import BUILTIN_CATALOG, DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.catalog.file import CatalogError, load_catalog, parse_catalog, render_catalog
 from mlpa_aiohttp.process.catalog_snapshot import CatalogSnapshot, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings, SettingsError
@@ -48,8 +48,8 @@ def test_the_built_in_catalogue_is_the_references() -> None:
     assert BUILTIN_CATALOG.dev_types == {"ai-dev", "memories-dev", "mochi-dev", "search-dev"}
     assert BUILTIN_CATALOG.capped_types == {"ai", "memories"}
     assert BUILTIN_CATALOG.pinned_models == {"exa": ("answer",), "exa-search": ("search", "search-dev", "agent-search")}
-    assert DEFAULT_BUDGETS[ServiceType.AGENT].budget_duration == "7d"
-    assert DEFAULT_BUDGETS[ServiceType.SEARCH].max_budget == 0.01
+    assert BUILTIN_CATALOG.budgets[ServiceType.AGENT].budget_duration == "7d"
+    assert BUILTIN_CATALOG.budgets[ServiceType.SEARCH].max_budget == 0.01
 
 
 def test_rendering_reads_back_to_the_same_catalogue() -> None:
@@ -170,7 +170,7 @@ budget = { max_budget = 0.2, rpm_limit = 5, tpm_limit = 500 }
 def test_no_file_is_the_built_in_catalogue() -> None:
     settings = Settings.from_environ(TEST_SECRETS)
     assert settings.catalog == BUILTIN_CATALOG
-    assert settings.budgets == DEFAULT_BUDGETS
+    assert settings.budgets == BUILTIN_CATALOG.budgets
     assert settings.signup_cap.capped_service_types == {"ai", "memories"}
 
 

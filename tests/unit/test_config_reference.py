@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlpa_aiohttp import settings as settings_module
+from mlpa_aiohttp.process.startup import EXIT_CONFIG
 from mlpa_aiohttp.settings import Settings, field_variable, variable_names
 from mlpa_aiohttp.settings.compat import NOT_READ, READ_ELSEWHERE, RENAMED
 from mlpa_aiohttp.settings.reference import (
@@ -21,12 +22,11 @@ from mlpa_aiohttp.settings.reference import (
     MARKDOWN_COMMAND,
     MARKDOWN_PATH,
     TYPE_PLACEHOLDER,
-    documented_names,
     example_env,
     reference_markdown,
     sections,
 )
-from mlpa_aiohttp.process.startup import EXIT_CONFIG
+from tests.support.documented_names import documented_names
 
 from ..conftest import TEST_SECRETS
 

@@ -25,7 +25,8 @@ from mlpa_aiohttp import __main__ as cli
 from mlpa_aiohttp.process import startup
 from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings
 from mlpa_aiohttp.settings.compat import READ_ELSEWHERE
-from mlpa_aiohttp.settings.reference import MARKDOWN_PATH, documented_names
+from mlpa_aiohttp.settings.reference import MARKDOWN_PATH
+from tests.support.documented_names import documented_names
 
 from ..conftest import TEST_SECRETS
 

@@ -10,7 +10,7 @@ import pytest
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.auth.access_token import issue_access_token
-from mlpa_aiohttp.catalog import DEFAULT_BUDGETS, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
 from mlpa_aiohttp.store.memory import MemoryUserStore
 from tests.support.app_attest_device import TestAttestationCA
 
@@ -20,7 +20,7 @@ from ..conftest import DEV_TOKEN, Service, chat_body
 from tests.support.device_service import attested_device, ca, challenge_for, google  # noqa: F401 (fixtures the device service needs)
 from tests.support.device_service import device_service  # noqa: F401 (fixture)
 
-AI = DEFAULT_BUDGETS[ServiceType.AI]
+AI = BUILTIN_CATALOG.budgets[ServiceType.AI]
 
 
 def memory_store(service: Service) -> MemoryUserStore:
@@ -89,7 +89,7 @@ async def test_each_service_type_is_its_own_user_and_tier(service: Service) -> N
     token = service.fxa.issue_jwt("alice")
     await provisioned(service, token, "memories")
     body = await (await get_usage(service, token, service_type="memories")).json()
-    memories = DEFAULT_BUDGETS[ServiceType.MEMORIES]
+    memories = BUILTIN_CATALOG.budgets[ServiceType.MEMORIES]
     assert (body["service_type"], body["rpm_limit"], body["budget_reset_at"]) == ("memories", memories.rpm_limit, None)
     # No ai user yet for the same uid.
     assert (await get_usage(service, token, service_type="ai")).status == 404
@@ -124,10 +124,10 @@ async def test_authentication_and_service_type_rules_are_chats(service: Service)
     # Dev tiers need the experimentation token, as on chat.
     no_dev_key = await get_usage(service, token, service_type="ai-dev")
     assert no_dev_key.status == 401
-    await seed_user(memory_store(service), "alice:ai-dev", DEFAULT_BUDGETS[ServiceType.AI_DEV].budget_id)
+    await seed_user(memory_store(service), "alice:ai-dev", BUILTIN_CATALOG.budgets[ServiceType.AI_DEV].budget_id)
     with_dev_key = await get_usage(service, token, service_type="ai-dev", x_dev_authorization=DEV_TOKEN)
     assert with_dev_key.status == 200
-    assert (await with_dev_key.json())["rpm_limit"] == DEFAULT_BUDGETS[ServiceType.AI_DEV].rpm_limit
+    assert (await with_dev_key.json())["rpm_limit"] == BUILTIN_CATALOG.budgets[ServiceType.AI_DEV].rpm_limit
 
 
 async def test_usage_with_an_app_attest_assertion_over_the_empty_body(
@@ -149,7 +149,7 @@ async def test_usage_with_an_app_attest_assertion_over_the_empty_body(
 async def test_usage_with_a_play_integrity_access_token(service: Service) -> None:
     secret = service.app[keys.SETTINGS].auth.access_token_secret
     token = issue_access_token(secret, "android-user", 3600, time.time())
-    await seed_user(memory_store(service), "android-user:s2s-android", DEFAULT_BUDGETS[ServiceType.S2S_ANDROID].budget_id)
+    await seed_user(memory_store(service), "android-user:s2s-android", BUILTIN_CATALOG.budgets[ServiceType.S2S_ANDROID].budget_id)
     headers = {"authorization": f"Bearer {token}", "service-type": "s2s-android", "use-play-integrity": "1"}
     response = await service.client.get("/v1/usage", headers=headers)
     assert response.status == 200, await response.text()
