@@ -225,7 +225,3 @@ BUILTIN_CATALOG = Catalog(
         ModelEntry("vertex_ai/mistral-small-2503"),
     ),
 )
-
-
-def service_type_list_text(catalog: Catalog = BUILTIN_CATALOG) -> str:
-    return catalog.service_type_list_text()

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.catalog import service_type_list_text
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG
 from mlpa_aiohttp.routes.admin import UndeclaredAdminAccess, declared_access_app
 from mlpa_aiohttp.settings import PostgresSettings
 from mlpa_aiohttp.store.pools import Pools
@@ -347,9 +347,9 @@ async def test_set_budget_validation(client: TestClient) -> None:
     await expect(
         await client.post("/user/u:ai/budget", json={"service_type": "gold"}, headers=MASTER),
         422,
-        {"detail": {"error": f"Unknown service type: gold. Valid values: {service_type_list_text()}"}},
+        {"detail": {"error": f"Unknown service type: gold. Valid values: {BUILTIN_CATALOG.service_type_list_text()}"}},
     )
-    assert service_type_list_text().startswith("ai, s2s, s2s-android, memories, search")
+    assert BUILTIN_CATALOG.service_type_list_text().startswith("ai, s2s, s2s-android, memories, search")
     cases: list[tuple[bytes, list[Any]]] = [
         (b"", [{"loc": ["body"], "msg": "Field required", "type": "missing"}]),
         (b"{}", [{"loc": ["body", "service_type"], "msg": "Field required", "type": "missing"}]),
