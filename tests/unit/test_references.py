@@ -127,9 +127,6 @@ def test_no_reference_to_documents_outside_the_repository(form):
 # and, with a fragment, to a heading of that document, as GitHub renders it.
 
 DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
-# Pages being written on another branch, linked already. Each leaves this set when it lands:
-# the test below fails while a page listed here exists.
-PENDING: set[str] = set()
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.MULTILINE | re.DOTALL)
 INLINE_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.DOTALL)
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -183,8 +180,6 @@ def broken_links(document: Path, markdown: str) -> list[str]:
             continue
         resolved = (document.parent / path_part).resolve()
         if not resolved.exists():
-            if REPO in resolved.parents and resolved.relative_to(REPO).as_posix() in PENDING and not fragment:
-                continue
             problems.append(f"{where}: no such file")
             continue
         if REPO not in resolved.parents and resolved != REPO:
@@ -224,11 +219,6 @@ def test_every_relative_link_in_the_documents_resolves() -> None:
         problems += broken_links(document, markdown)
     assert links > 30, "the documents should link to each other"
     assert not problems, "\n".join(problems)
-
-
-def test_pages_awaited_from_other_branches_are_still_missing() -> None:
-    landed = sorted(page for page in PENDING if (REPO / page).exists())
-    assert not landed, f"{landed} exist now: take them out of PENDING, so their links are checked like any other"
 
 
 # -- paths the documents name ------------------------------------------------------------------
@@ -288,9 +278,6 @@ def test_every_path_the_documents_name_exists() -> None:
 # fenced block may hold a `#1` of its own (the catalogue's error messages number entries).
 
 JOURNAL_MARKERS = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&])#\d+\b|\b[Rr]ounds? \d+")
-# Pages being rewritten on another branch, exempt until that lands (the test below fails once
-# such a page holds no marker). None now.
-JOURNAL_PENDING: set[str] = set()
 
 
 def journal_markers(markdown: str) -> list[str]:
@@ -307,15 +294,9 @@ def test_no_document_is_a_journal() -> None:
     found = [
         f"{document.relative_to(REPO)}:{marker}"
         for document in DOCUMENTS
-        if document.relative_to(REPO).as_posix() not in JOURNAL_PENDING
         for marker in journal_markers(document.read_text(encoding="utf-8"))
     ]
     assert not found, "\n".join(found)
-
-
-def test_pages_awaiting_their_rewrite_still_need_it() -> None:
-    rewritten = sorted(page for page in JOURNAL_PENDING if not journal_markers((REPO / page).read_text(encoding="utf-8")))
-    assert not rewritten, f"{rewritten} hold no journal marker now: take them out of JOURNAL_PENDING"
 
 
 def test_the_index_links_every_page() -> None:
@@ -324,3 +305,16 @@ def test_the_index_links_every_page() -> None:
     linked = {target.partition("#")[0] for target in LINK.findall(prose(index))}
     pages = {path.name for path in (REPO / "docs").glob("*.md") if path.name != "README.md"}
     assert not pages - linked, f"pages docs/README.md does not index: {sorted(pages - linked)}"
+
+
+# -- length --------------------------------------------------------------------------------------
+#
+# The front page and the figures stay short enough to be read whole: what does not fit
+# belongs in a page of its own (docs/README.md says which reader it serves).
+MOST_LINES = {"README.md": 250, "docs/performance.md": 300}
+
+
+@pytest.mark.parametrize("page", sorted(MOST_LINES))
+def test_the_front_page_and_the_figures_stay_short(page: str) -> None:
+    lines = len((REPO / page).read_text(encoding="utf-8").splitlines())
+    assert lines <= MOST_LINES[page], f"{page} has {lines} lines, more than {MOST_LINES[page]}"
