@@ -39,7 +39,7 @@ from yarl import URL
 from tests.support.fake_provider import Behaviour, FakeProvider, serve_fake_provider
 from tests.support.processes import free_port, stop_process
 
-from .litellm_process import LITELLM_VERSION, NOT_INSTALLED, REPO_ROOT, launch_litellm, litellm_executable
+from .litellm_process import LITELLM_VERSION, MODEL_GROUPS, NOT_INSTALLED, REPO_ROOT, launch_litellm, litellm_executable
 
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / f"litellm-{LITELLM_VERSION}"
 MASTER_KEY = "sk-capture-master"  # LiteLLM without a database knows only its master key
@@ -50,19 +50,7 @@ SLOW_MODEL_TIMEOUT = 3.0  # the slow model's deployment timeout: its 408 names i
 PRICE_PER_TOKEN = 1.0
 GLOBAL_MAX_BUDGET = 0.01  # below one priced call: without a database LiteLLM does not enforce it
 
-# LiteLLM model group -> the provider behaviour its deployment asks for.
-PROVIDER_MODELS: dict[str, Behaviour] = {
-    "ok-model": Behaviour.OK,
-    "slow-model": Behaviour.SLOW,
-    "ratelimit-model": Behaviour.RATE_LIMIT,
-    "throttle-model": Behaviour.THROTTLE,
-    "ctx-model": Behaviour.CONTEXT,
-    "badparam-model": Behaviour.BAD_PARAM,
-    "e500-model": Behaviour.SERVER_ERROR,
-    "midstream-model": Behaviour.MID_STREAM,
-    "rpm-model": Behaviour.OK,  # with rpm 1 on its deployment
-    "priced-model": Behaviour.OK,  # with a price per token
-}
+PROVIDER_MODELS: dict[str, Behaviour] = {**MODEL_GROUPS, "rpm-model": Behaviour.OK}  # rpm 1 on its deployment
 
 
 def litellm_config(provider_url: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from tests.support.fake_provider import Behaviour, FakeProvider
 from tests.support.processes import stop_process
 
 from ..conftest import TEST_SECRETS
-from .litellm_process import NOT_INSTALLED, REPO_ROOT, RealLiteLLM, launch_litellm, litellm_executable
+from .litellm_process import MODEL_GROUPS, NOT_INSTALLED, REPO_ROOT, RealLiteLLM, launch_litellm, litellm_executable
 
 MASTER_KEY = TEST_SECRETS["MASTER_KEY"]  # LiteLLM without a database knows only its master key
 START_TIMEOUT = 120.0
@@ -43,18 +43,7 @@ PROVIDER_TIMEOUT = 1.0  # LiteLLM's timeout for the provider: the slow model exc
 T = TypeVar("T")
 
 # LiteLLM model group -> the provider behaviour its deployment asks for.
-MODEL_GROUPS: dict[str, Behaviour] = {
-    "ok-model": Behaviour.OK,
-    "slow-model": Behaviour.SLOW,
-    "ratelimit-model": Behaviour.RATE_LIMIT,
-    "throttle-model": Behaviour.THROTTLE,
-    "ctx-model": Behaviour.CONTEXT,
-    "badparam-model": Behaviour.BAD_PARAM,
-    "e500-model": Behaviour.SERVER_ERROR,
-    "midstream-model": Behaviour.MID_STREAM,
-    "trickle-model": Behaviour.TRICKLE,
-    "priced-model": Behaviour.OK,  # with a price: LiteLLM reports the cost
-}
+SUITE_MODEL_GROUPS: dict[str, Behaviour] = {**MODEL_GROUPS, "trickle-model": Behaviour.TRICKLE}
 PRICE_PER_TOKEN = 1.0
 
 
@@ -137,7 +126,7 @@ def litellm_config(provider_url: str) -> dict[str, Any]:
                 "max_retries": 0,
             },
         }
-        for group, behaviour in MODEL_GROUPS.items()
+        for group, behaviour in SUITE_MODEL_GROUPS.items()
     ]
     for deployment in deployments:
         if deployment["model_name"] == "priced-model":

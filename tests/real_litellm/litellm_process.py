@@ -17,10 +17,25 @@ from typing import Any
 
 import yaml
 
+from tests.support.fake_provider import Behaviour
+
 from .pins import LITELLM_VERSION
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
+# LiteLLM model group -> the provider behaviour its deployment asks for: the groups both the
+# suite and the capture script configure (each adds its own).
+MODEL_GROUPS: dict[str, Behaviour] = {
+    "ok-model": Behaviour.OK,
+    "slow-model": Behaviour.SLOW,
+    "ratelimit-model": Behaviour.RATE_LIMIT,
+    "throttle-model": Behaviour.THROTTLE,
+    "ctx-model": Behaviour.CONTEXT,
+    "badparam-model": Behaviour.BAD_PARAM,
+    "e500-model": Behaviour.SERVER_ERROR,
+    "midstream-model": Behaviour.MID_STREAM,
+    "priced-model": Behaviour.OK,  # with a price per token: LiteLLM reports the cost
+}
 NOT_INSTALLED = (
     "real LiteLLM not installed (python3 -m venv .venv-litellm && "
     ".venv-litellm/bin/pip install $(python3 tests/real_litellm/pins.py real-litellm))"
