@@ -178,6 +178,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return depth.describe()
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when it is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `-n` with `--dist loadscope` (setup.cfg's default), the slow tier runs on one
+    worker (tests/support/scheduling.py); another `--dist` is xdist's own."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from tests.support.scheduling import SlowTierOnOneWorker
+
+    return SlowTierOnOneWorker(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs

@@ -278,8 +278,8 @@ def test_the_opening_names_the_folders_of_the_default_run() -> None:
     collected, _ = default_run_folders()
     assert len(collected) >= 3
     tests = readme_opening()
-    runs = re.search(r"`python -m pytest` runs (.*?) over ", tests, re.DOTALL)
-    assert runs, "the README's opening no longer says what `python -m pytest` runs"
+    runs = re.search(r"runs the whole test suite: (.*?), over ", tests, re.DOTALL)
+    assert runs, "the README's opening no longer says what the test command runs"
     assert set(re.findall(r"`(tests/[\w/]+)`", runs.group(1))) == collected
 
 
@@ -288,4 +288,4 @@ def test_the_opening_names_what_the_default_run_leaves_out() -> None:
     assert excluded
     tests = readme_opening()
     for folder in excluded:
-        assert re.search(rf"`{re.escape(folder)}`\) are\s+not part of the default run", tests), folder
+        assert re.search(rf"`{re.escape(folder)}`\)\s+are not part of it", tests), folder

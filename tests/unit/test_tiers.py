@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.scheduling import SLOW_TIER, shared_unit
 from tests.support.tiers import require_slow_tier, slow_markers
 
 
@@ -38,3 +39,16 @@ def test_every_collected_test_carries_the_markers_of_where_it_lives(request: pyt
 def test_a_quick_test_that_starts_a_slow_resource_fails_saying_where_it_belongs() -> None:
     with pytest.raises(pytest.fail.Exception, match=r"tests/unit/test_tiers\.py starts gunicorn.*tests/e2e"):
         require_slow_tier("starts gunicorn")
+
+
+
+def test_under_xdist_the_slow_tier_is_one_unit() -> None:
+    assert {shared_unit(nodeid) for nodeid in (
+        "tests/load/test_churn.py::test_churn_waves_leave_nothing_behind",
+        "tests/e2e/test_gunicorn.py::test_sigterm_ends_open_streams_cleanly",
+        "tests/unit/test_docs_page_browser.py::test_docs_page_renders_every_operation_offline",
+        "tests/clients/test_ios.py::test_x[a-b]",
+    )} == {SLOW_TIER}
+    # The quick tier's tests keep xdist's unit: their module.
+    assert shared_unit("tests/unit/test_health.py::test_x[a]") is None
+    assert shared_unit("tests/integration/test_admin_routes.py::test_y") is None
