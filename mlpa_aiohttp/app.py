@@ -11,9 +11,9 @@ demo, migrate), gunicorn's master (config/gunicorn.conf.py, which alone parses
 GUNICORN_WORKERS, WEB_CONCURRENCY and GUNICORN_WORKER_CLASS) and test tools. Besides it:
 * `settings/compat.warn_about_environment` looks at every variable's name (never its value)
   for renamed, retired and misspelled ones; here and in the CLI.
-* `startup.json_logs_requested` reads LOG_JSON leniently, so that a start-up failure
-  (even an invalid LOG_JSON) is reported in the requested format; the CLI,
-  gunicorn.conf.py, process/gunicorn_worker.py and store/migrate.py hand it `os.environ` for that.
+* `process/startup.json_logs_requested` reads LOG_JSON leniently, so that a start-up
+  failure (even an invalid LOG_JSON) is reported in the requested format; the CLI (`migrate`
+  included), gunicorn.conf.py and process/gunicorn_worker.py hand it `os.environ` for that.
 * `__main__`'s demo reads MLPA_UI_ACCESS_KEY to print it, or makes a random one.
 * observability/metrics.py checks PROMETHEUS_MULTIPROC_DIR itself: prometheus_client
   switches to multiprocess mode on that variable, not on our settings.

@@ -32,6 +32,7 @@ import socket
 
 from ..settings import DeadPeerOptions
 
+
 def supported() -> bool:
     return all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT", "TCP_USER_TIMEOUT"))
 
