@@ -169,6 +169,19 @@ class Metrics:
         self.overloaded = Gauge(
             "mlpa_overloaded", "1 while this worker reports itself overloaded", registry=r, multiprocess_mode="livesum"
         )
+        # The worker's Redis link (fleet/redis_link.py), only while a feature uses Redis.
+        self.redis_up = Gauge(
+            "mlpa_redis_up",
+            "1 while this worker's Redis link is healthy, 0 from a failure to the next success",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.redis_failures = Counter(
+            "mlpa_redis_failures",
+            "Redis calls that failed or were skipped while backing off, by operation and kind",
+            ("operation", "kind"),
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )

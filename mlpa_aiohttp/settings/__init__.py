@@ -957,6 +957,34 @@ class OverloadSettings:
         return self.lag_enter_leave_seconds[1]
 
 
+@dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """The Redis the fleet shares (the reference's traffic contracts; meant to be LiteLLM's own).
+    Contacted only by the features that need it (`fleet/redis_link.py`)."""
+
+    heading: ClassVar[str] = "Redis"
+
+    host: str = variable("REDIS_HOST", "localhost", meaning="Redis host (the reference shares LiteLLM's Redis).")
+    port: int = variable("REDIS_PORT", 6379, minimum=1, meaning="Redis port.")
+    password: str = secret(
+        "REDIS_PASSWORD", "", refused_default=False, meaning="Redis `AUTH` password; empty: none (beyond the reference)."
+    )
+    timeout_ms: int = variable(
+        "REDIS_TIMEOUT_MS",
+        100,
+        minimum=1,
+        meaning="Beyond the reference: the longest any request waits on one Redis call (connect included);"
+        " past it the call counts as a failure and the feature takes its fallback.",
+    )
+    retry_seconds: float = variable(
+        "REDIS_RETRY_SECONDS",
+        1.0,
+        minimum=0.0,
+        meaning="Beyond the reference: after a failure, requests skip Redis (and take the fallback at once) for"
+        " this long; then one request tries again.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1001,6 +1029,7 @@ class Settings:
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
     overload: OverloadSettings = OverloadSettings()
+    redis: RedisSettings = RedisSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
