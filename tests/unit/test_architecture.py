@@ -126,7 +126,7 @@ def test_only_the_named_modules_below_routes_import_aiohttp_web() -> None:
                 [alias.name for alias in node.names] if isinstance(node, ast.Import) else
                 [f"{node.module}.{alias.name}" for alias in node.names] if isinstance(node, ast.ImportFrom) and node.module else []
             )  # fmt: skip
-            if any(name == "aiohttp.web" or name.startswith("aiohttp.web.") or name.startswith("aiohttp.web_") for name in names):
+            if any(name == "aiohttp.web" or name.startswith(("aiohttp.web.", "aiohttp.web_")) for name in names):
                 importers.add(relative)
     below = {relative for relative in importers if layer_of(relative) not in WEB_LAYERS_ABOVE}
     assert below == WEB_IMPORTERS_BELOW_ROUTES
@@ -136,7 +136,7 @@ def test_only_the_entry_points_read_the_environment() -> None:
     readers = set()
     for relative, tree in modules():
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv"}:
-                if isinstance(node.value, ast.Name) and node.value.id == "os":
-                    readers.add(relative)
+            is_os = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+            if is_os and node.attr in {"environ", "getenv"}:  # type: ignore[union-attr]
+                readers.add(relative)
     assert readers == ENVIRONMENT_READERS
