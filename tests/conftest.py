@@ -19,7 +19,7 @@ from mlpa_aiohttp.observability.logging import configure_logging
 from mlpa_aiohttp.settings import Settings
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support import depth
+from tests.support import aiohttp_trial, depth
 from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
@@ -172,6 +172,7 @@ def open_streams(service: Service) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     depth.choose_profile(config)
+    aiohttp_trial.open_fence_if_asked()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
