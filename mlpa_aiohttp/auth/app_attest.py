@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import cbor2
@@ -176,7 +176,7 @@ class AppAttest:
                 app_id=app_id,
                 production=self._settings.production,
                 root=root,
-                now=datetime.now(timezone.utc),
+                now=datetime.now(UTC),
                 qa_tooling=qa_tooling,
             )
         except AttestationInvalid as exc:

@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import io
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
@@ -205,8 +205,8 @@ def _load_chain(x5c: list[bytes]) -> list[x509.Certificate]:
         chain = [x509.load_der_x509_certificate(der) for der in x5c]
         for certificate in chain:
             certificate.public_key()
-            certificate.extensions
-    except Exception as exc:  # noqa: BLE001 - cryptography's parse errors share no base class
+            certificate.extensions  # noqa: B018 - parsed now, not on first use
+    except Exception as exc:  # cryptography's parse errors share no base class
         # (ValueError, UnsupportedAlgorithm, InvalidVersion, DuplicateExtension, ...)
         raise AttestationInvalid("malformed") from exc
     return chain
@@ -221,8 +221,8 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
     all real Apple chains (docs/app-attest-verification.md); it is not used because its
     CA policy refuses the reference's QA root as an anchor (no BasicConstraints).
     """
-    issuers = chain[1:] + [root]
-    for depth, (certificate, issuer) in enumerate(zip(chain, issuers)):
+    issuers = [*chain[1:], root]
+    for depth, (certificate, issuer) in enumerate(zip(chain, issuers, strict=True)):
         try:
             certificate.verify_directly_issued_by(issuer)
         except (InvalidSignature, ValueError, TypeError, UnsupportedAlgorithm) as exc:
@@ -232,7 +232,7 @@ def _verify_chain(chain: list[x509.Certificate], root: x509.Certificate, now: da
             raise AttestationInvalid("chain_invalid")
         if any(extension.critical and extension.oid not in _HANDLED_CRITICAL for extension in certificate.extensions):
             raise AttestationInvalid("chain_invalid")
-    for certificate in chain + [root]:
+    for certificate in [*chain, root]:
         if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
             raise AttestationInvalid("certificate_expired")
     try:
@@ -346,7 +346,7 @@ def _is_rp_id_hash_of(app_id: str, rp_id_hash: bytes) -> bool:
 
 
 def _as_utc(now: datetime) -> datetime:
-    return now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
+    return now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
 
 
 # ----------------------------------------------------------------------------- assertion

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import cbor2
@@ -77,7 +77,7 @@ class TestAttestationCA:
         intermediate_is_ca: bool = True,
         intermediate_signs_certificates: bool = True,
     ) -> None:
-        issued = now or datetime.now(timezone.utc)
+        issued = now or datetime.now(UTC)
         self._root_key = ec.generate_private_key(ec.SECP384R1())
         self._intermediate_key = ec.generate_private_key(ec.SECP384R1())
         root_name = _name(f"{name} Root CA")
@@ -131,7 +131,7 @@ class TestAttestationCA:
         `nonce_extension_der` replaces the extension's DER value verbatim (parser tests);
         `public_key` may be of any type, `extra_extensions` are (value, critical) pairs.
         """
-        issued = now or datetime.now(timezone.utc)
+        issued = now or datetime.now(UTC)
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(_sha256(nonce).hex()))
@@ -406,7 +406,7 @@ class QAToolingRoot:
     __test__ = False
 
     def __init__(self, *, now: datetime | None = None) -> None:
-        issued = now or datetime.now(timezone.utc)
+        issued = now or datetime.now(UTC)
         self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pyattest-testing-ca")])
         self.certificate: x509.Certificate = (
@@ -435,7 +435,7 @@ class QAToolingRoot:
         SHA-256 by the root key (read back from its encrypted PEM, as the tooling does)."""
         signing_key = serialization.load_pem_private_key(self.key_pem, password=QA_ROOT_KEY_PASSWORD)
         assert isinstance(signing_key, rsa.RSAPrivateKey)
-        issued = datetime.now(timezone.utc)
+        issued = datetime.now(UTC)
         return (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pyattest-testing-leaf")]))

@@ -1,5 +1,5 @@
-"""Attestations made by the reference's QA tooling (spec mlpa-1.0.39 §A.17, compatibility.md
-§2.5, D60): accepted in QA mode only, i.e. against the configured QA root for a request that
+"""Attestations made by the reference's QA tooling (spec mlpa-1.0.39 §A.17;
+compatibility.md §2.5, D60): accepted in QA mode only, i.e. against the configured QA root for a request that
 sends `use-qa-certificates: true` with `APP_ATTEST_QA` on. Each relaxation is shown not to
 apply outside that mode: the same object against Apple's root, or against the same root as
 the production root.
@@ -7,7 +7,7 @@ the production root.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import cbor2
@@ -52,7 +52,7 @@ def verify(device: QAToolingDevice, attestation_object: bytes, **overrides):
         "app_id": device.app_id,
         "production": False,
         "root": device.qa_root.certificate,
-        "now": datetime.now(timezone.utc),
+        "now": datetime.now(UTC),
         "qa_tooling": True,
     }
     return verify_attestation(**{**arguments, **overrides})
