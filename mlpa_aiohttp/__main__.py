@@ -14,15 +14,14 @@ import os
 import secrets
 import signal
 import sys
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
 from . import __version__
-from .process import client_sockets
 from .observability.logging import configure_logging
-from .settings import Settings, SettingsError, variable_names
-from .settings.compat import warn_about_environment
+from .process import client_sockets
 from .process.startup import (
     DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
@@ -32,6 +31,8 @@ from .process.startup import (
     report_config_error,
     report_unavailable,
 )
+from .settings import Settings, SettingsError, variable_names
+from .settings.compat import warn_about_environment
 from .store.base import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         return _cannot_listen(error, "127.0.0.1", port, os.environ)
 
 
-def _add_stack(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_stack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .testing.stack import configure_parser, stack_command
 
     stack = commands.add_parser(
@@ -379,10 +380,10 @@ async def _fake_upstream(host: str, port: int, ttft: float, chunks: int, interva
     )
     waiter = asyncio.ensure_future(_wait_for_signal())
     await asyncio.wait({server, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if server.done() and not server.cancelled() and server.exception() is not None:
+    if server.done() and not server.cancelled() and (failure := server.exception()) is not None:
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
-        raise server.exception()  # the port could not be bound: one message, not a "listening" lie
+        raise failure  # the port could not be bound: one message, not a "listening" lie
     for task in (server, waiter):
         task.cancel()
     await asyncio.gather(server, waiter, return_exceptions=True)

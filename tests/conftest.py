@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from aiohttp import web
-from cryptography.hazmat.primitives.asymmetric import rsa
 from aiohttp.test_utils import TestClient, TestServer
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.app import create_app
@@ -19,7 +20,7 @@ from mlpa_aiohttp.observability.logging import configure_logging
 from mlpa_aiohttp.settings import RedisSettings, Settings
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support import depth
+from tests.support import aiohttp_trial, depth
 from tests.support.redis_server import RedisBinaryMissing, ThrowawayRedis
 from tests.support.tiers import slow_markers
 
@@ -173,6 +174,7 @@ def open_streams(service: Service) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     depth.choose_profile(config)
+    aiohttp_trial.open_fence_if_asked()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -53,8 +53,8 @@ import socket
 import stat
 import struct
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
 
 import structlog
 from aiohttp import web
@@ -84,7 +84,7 @@ _TCP_INFO_SIZE = 104
 def listening_sockets() -> list[socket.socket]:
     """This process's listening TCP sockets (gunicorn's inherited one, or run_app's), as
     duplicates: found through /proc/self/fd, so the app needs no handle on its server."""
-    found = []
+    found: list[socket.socket] = []
     try:
         descriptors = os.listdir("/proc/self/fd")
     except OSError:

@@ -22,8 +22,8 @@ from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
-from ..relay.outcome import CompletionOutcome
 from ..relay.keepalive import FirstByteKeepAlive
+from ..relay.outcome import CompletionOutcome
 from ..relay.stream import StreamRelay
 from ..settings import TRUTHY
 from ..upstream.bodies import UpstreamBody, completion_body, search_body

@@ -12,7 +12,7 @@ tier is in their id) and at every start. Each repair is one WARNING line and a c
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import structlog
 
