@@ -24,8 +24,8 @@ Firefox version labels get none.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
 
 
 @dataclass(frozen=True)

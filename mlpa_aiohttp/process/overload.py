@@ -60,7 +60,6 @@ import structlog
 from aiohttp import web
 
 from ..observability.labels import ACCEPT_QUEUE, ADMISSIONS, EVENT_LOOP_LAG, OPEN_STREAMS
-from ..observability.labels import SHED_REASONS as SHED_REASONS  # noqa: F401 (the reasons, where readers look)
 from ..observability.metrics import Metrics
 from ..settings import OverloadSettings
 
@@ -68,8 +67,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 log = structlog.get_logger(__name__)
 
-# The reasons of `mlpa_shed_requests` (a bounded label set) live with the other label sets,
-# whose series exist from start (observability/known_series.py).
+# The reasons of `mlpa_shed_requests_total` (a bounded label set, SHED_REASONS) live with
+# the other label sets in observability/labels.py: their series exist from start.
 
 # Linux `struct tcp_info`: for a listening socket `tcpi_unacked` is the accept queue's
 # current length (and `tcpi_sacked` its limit). Eight one-byte fields, then u32s:

@@ -17,12 +17,13 @@ from typing import Mapping
 import structlog
 
 from ..catalog import BudgetTier
-# Where a repair happened (the metrics' `at` label; their values are created at start).
 from ..observability.labels import AT_ADMISSION, AT_BUDGET_CHANGE, AT_REQUEST, AT_START
 from ..observability.metrics import Metrics
 from .base import BudgetMissing, EndUser, StoreUnavailable, UserStore
 
 log = structlog.get_logger(__name__)
+
+# AT_*: where a repair happened, the metrics' `at` label (observability/labels.py).
 
 
 

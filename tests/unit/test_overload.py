@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.metrics import Metrics
-from mlpa_aiohttp.process.overload import SHED_REASONS, LoadMonitor, accept_queue_length, listening_sockets
+from mlpa_aiohttp.observability.labels import SHED_REASONS
+from mlpa_aiohttp.process.overload import LoadMonitor, accept_queue_length, listening_sockets
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 
