@@ -19,7 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp.catalog.file import parse_catalog
 from mlpa_aiohttp.observability.known_series import known, known_rows
-from mlpa_aiohttp.observability.labels import BUDGET_LINK_REPAIR_SITES, BUDGET_ROW_REPAIR_SITES, SHED_REASONS
+from mlpa_aiohttp.observability.labels import (
+    BUDGET_LINK_REPAIR_SITES,
+    BUDGET_ROW_REPAIR_SITES,
+    SHED_REASONS,
+)
 from mlpa_aiohttp.observability.metrics import AVAILABILITY_OUTCOME, Counter, Metrics
 
 REPO = Path(__file__).resolve().parents[2]
