@@ -23,7 +23,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 AGGREGATIONS = frozenset(
-    "sum min max avg group stddev stdvar count count_values bottomk topk quantile limitk limit_ratio".split()
+    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk"}
+    | {"quantile", "limitk", "limit_ratio"}
 )
 # Followed by a parenthesised list of label names, not an expression.
 GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
