@@ -69,6 +69,7 @@ class _RememberedChildren:
     def __init__(self, *args: Any, known: KnownLabels | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._remembered: dict[tuple[Any, ...], Any] = {}
+        self.known_labels = known
         if known is not None:
             for values in known.label_sets(self._labelnames):  # type: ignore[attr-defined]
                 self.labels(*values)

@@ -13,14 +13,20 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
+import prometheus_client
 import pytest
 import yaml
+
+from mlpa_aiohttp import keys
+from mlpa_aiohttp.observability.metrics import Metrics
+from tests.support.promql import TARGET_LABELS
 
 from ..conftest import Service, chat_body
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "config" / "grafana" / "mlpa-dashboard.json"
 RULES = ROOT / "config" / "prometheus" / "mlpa-alerts.yml"
+RULE_TESTS = ROOT / "config" / "prometheus" / "mlpa-alerts.test.yml"
 # Series the rules read from elsewhere: Prometheus itself and kube-state-metrics.
 EXTERNAL = frozenset({"up", "kube_pod_status_ready"})
 SUFFIXES = {
@@ -162,3 +168,96 @@ def test_promtool_rejects_a_broken_query(tmp_path: Path, bad: str) -> None:
     path = tmp_path / "bad.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [{"record": "x:y", "expr": bad}]}]}))
     assert subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, timeout=60).returncode != 0
+
+
+# -- the rules' promtool tests feed series shaped as the service exposes them ---------------
+
+_SERIES = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>.*)\}$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:\\.|[^"\\])*)"\s*,?')
+
+
+def parse_series(text: str) -> tuple[str, dict[str, str]]:
+    match = _SERIES.match(text.strip())
+    assert match, text
+    labels = dict(_LABEL.findall(match["labels"]))
+    return match["name"], labels
+
+
+def first_value(values: str) -> tuple[float, bool]:
+    """The first present sample of promtool's expanding notation ('0+90x120', '_x3 1x7')
+    and whether missing samples came before it (a pod scraped for the first time later)."""
+    tokens = values.split()
+    missing_before = False
+    for token in tokens:
+        if token.startswith("_"):
+            missing_before = True
+            continue
+        return float(re.match(r"-?[0-9.e]+", token).group()), missing_before  # type: ignore[union-attr]
+    raise AssertionError(f"no sample in {values!r}")
+
+
+def a_known_combination(metric: Any, labels: dict[str, str]) -> bool:
+    """Whether `labels` has, for the labels the metric declares known up front, values the
+    service produces together (a metric without a declaration: anything)."""
+    known = metric.known_labels
+    if known is None:
+        return True
+    declared = sorted(known.label_names())
+    produced = {
+        tuple(dict(zip(metric._labelnames, values))[name] for name in declared)
+        for values in known.label_sets(metric._labelnames)
+    }
+    return tuple(labels.get(name, "") for name in declared) in produced
+
+
+def service_metrics(metrics: Metrics) -> dict[str, Any]:
+    """Each sample name the service's own metrics expose -> the metric."""
+    found: dict[str, Any] = {}
+    for metric in vars(metrics).values():
+        if not isinstance(metric, prometheus_client.metrics.MetricWrapperBase):
+            continue
+        name, kind = metric._name, metric._type
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}[kind]
+        found.update({name + suffix: metric for suffix in suffixes})
+    return found
+
+
+async def test_the_rule_tests_feed_series_as_the_service_exposes_them(service: Service) -> None:
+    """Every input series of config/prometheus/mlpa-alerts.test.yml: a name the service
+    exposes, its labels and nothing else (plus the scrape's), a known combination of the values
+    the service declares up front (a reason with its own outcome, a repair site that exists),
+    and, for a counter or histogram, a first value of 0 unless the series only appears later
+    (a new pod, whose first scrape may already count an event)."""
+    own = service_metrics(service.app[keys.METRICS])
+    checked = 0
+    for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
+        for entry in case["input_series"]:
+            name, labels = parse_series(entry["series"])
+            if name in EXTERNAL:
+                continue
+            assert name in own, f"{name}: not a series the service exposes"
+            metric = own[name]
+            allowed = set(metric._labelnames) | TARGET_LABELS | ({"le"} if name.endswith("_bucket") else set())
+            assert set(labels) <= allowed, f"{entry['series']}: labels {sorted(set(labels) - allowed)} are not the service's"
+            assert a_known_combination(metric, labels), f"{entry['series']}: not a combination the service produces"
+            if metric._type in ("counter", "histogram"):
+                value, appears_later = first_value(entry["values"])
+                assert value == 0 or appears_later, f"{entry['series']}: a counter the service exposes from 0 starts at {value}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_shape_check_refuses_what_the_service_never_exposes() -> None:
+    """The check above can fail: the budget test's old series (a repair `at="start"` the
+    service never counts for rows, born at 1) and an outcome that is not its reason's."""
+    own = service_metrics(Metrics(prometheus_client.CollectorRegistry()))
+    for never in (
+        'mlpa_budget_rows_restored_total{job="mlpa", service_type="memories", at="start"}',
+        'mlpa_chat_availability_total{outcome="failure", reason="budget_exceeded"}',
+        'mlpa_shed_requests_total{reason="cpu"}',
+    ):
+        name, labels = parse_series(never)
+        assert not a_known_combination(own[name], labels), never
+    name, labels = parse_series('mlpa_budget_rows_restored_total{job="mlpa", service_type="memories", at="request"}')
+    assert a_known_combination(own[name], labels)
+    assert first_value("1 1 1") == (1.0, False) and first_value("_x3 1x7") == (1.0, True)
