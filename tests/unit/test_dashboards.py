@@ -115,6 +115,73 @@ def test_dashboard_is_well_formed() -> None:
     titles = " | ".join(p["title"].lower() for p in panels(board))
     for wanted in ("open streams", "time to first token", "by outcome", "rejections by reason", "signup capacity", "upstream errors"):
         assert wanted in titles, wanted
+    # docs/scaling.md's overload signals have panels of their own.
+    for wanted in ("shed requests", "event-loop lag", "overloaded workers"):
+        assert wanted in titles, wanted
+
+
+def test_every_panel_says_no_data_in_words() -> None:
+    """A panel whose metric has had no event yet says so, instead of an empty graph."""
+    for panel in panels(dashboard()):
+        if panel["type"] != "row":
+            no_value = panel["fieldConfig"]["defaults"].get("noValue", "")
+            assert no_value.startswith("No data: ") and len(no_value) > 15, panel["title"]
+
+
+_BY_CLAUSE = re.compile(r"\b(by|without)\s*\(([^)]*)\)")
+
+
+def title_labels(title: str) -> list[str]:
+    """The labels a title promises ("... by reason and model", "... by status code"): each
+    term as a label name (spaces as underscores) or its last word ("LiteLLM backend")."""
+    match = re.search(r"\bby ([\w ,.-]+)$", title)
+    if match is None:
+        return []
+    terms = re.split(r",\s*|\s+and\s+", match.group(1).strip())
+    return [term.lower() for term in terms if term]
+
+
+def keeps_label(expr: str, label: str) -> bool:
+    """Whether every aggregation of `expr` keeps `label`: a `by` naming it, never a bare
+    aggregation or a `without` naming it."""
+    for name in re.finditer(r"\b(sum|min|max|avg|count|group|topk|bottomk|quantile|stddev|stdvar)\b\s*", expr):
+        rest = expr[name.end() :]
+        clause = _BY_CLAUSE.match(rest)
+        if clause is None:
+            return False  # sum(...) folds every label away
+        names = {n.strip() for n in clause.group(2).split(",")}
+        if (clause.group(1) == "by") != (label in names):
+            return False
+    return True
+
+
+def test_a_panel_titled_by_a_label_keeps_it() -> None:
+    """A panel called "... by X" (what the runbook reads off it) keeps X in every query whose
+    metric has that label, instead of summing it away."""
+    own = service_metrics(Metrics(prometheus_client.CollectorRegistry()))
+    checked = 0
+    for panel in panels(dashboard()):
+        for term in title_labels(panel["title"]):
+            candidates = {term.replace(" ", "_"), term.split()[-1]}
+            kept_somewhere = False
+            for target in panel.get("targets", []):
+                names = metric_names(target["expr"])
+                labels = {label for name in names if name in own for label in own[name]._labelnames} | TARGET_LABELS
+                for label in candidates & labels:
+                    assert keeps_label(target["expr"], label), f"{panel['title']}: {target['expr']} sums away {label}"
+                    kept_somewhere = True
+                    checked += 1
+            assert kept_somewhere, f"{panel['title']}: no query has a label {term!r}"
+    assert checked >= 10
+
+
+def test_keeps_label_can_fail() -> None:
+    assert not keeps_label('sum by (reason) (rate(x_total{a="b"}[5m]))', "model")
+    assert not keeps_label("sum(rate(x_total[5m]))", "reason")
+    assert not keeps_label("sum without (model) (rate(x_total[5m]))", "model")
+    assert keeps_label("histogram_quantile(0.99, sum by (le, model) (rate(x_bucket[5m])))", "model")
+    assert title_labels("Upstream errors by reason and model") == ["reason", "model"]
+    assert title_labels("Not successful, by reason") == ["reason"]
 
 
 def test_rules_cover_the_four_alert_families() -> None:
