@@ -181,25 +181,35 @@ def prometheus_rule_exprs(directory: Path = REPO / "config" / "prometheus") -> t
     return exprs, recorded
 
 
-def adapter_rule_exprs(directory: Path = REPO / "config" / "kubernetes") -> list[RuleExpr]:
-    """prometheus-adapter's rules: each `seriesQuery`, and its `metricsQuery` with the
-    adapter's template filled in for the series that query finds."""
-    exprs = []
+def adapter_rules(directory: Path = REPO / "config" / "kubernetes") -> Iterator[tuple[Path, dict]]:
+    """Every prometheus-adapter rule (a `rules:` entry with a `seriesQuery`) and its file."""
     for path in sorted(directory.rglob("*.y*ml")):
         for document in yaml.safe_load_all(path.read_text()):
             if not isinstance(document, dict) or not isinstance(document.get("rules"), list):
                 continue
             for rule in document["rules"]:
-                if not isinstance(rule, dict) or "seriesQuery" not in rule:
-                    continue
-                where = f"{path.relative_to(REPO)}: {rule['seriesQuery']}"
-                exprs.append(RuleExpr(where, rule["seriesQuery"]))
-                (series,) = selectors(rule["seriesQuery"])
-                query = rule.get("metricsQuery", "")
-                query = query.replace("<<.Series>>", series.name).replace("<<.LabelMatchers>>", 'pod="p"')
-                query = query.replace("<<.GroupBy>>", "pod")
-                if query:
-                    exprs.append(RuleExpr(where + " (metricsQuery)", query))
+                if isinstance(rule, dict) and "seriesQuery" in rule:
+                    yield path, rule
+
+
+def adapter_metric_names(directory: Path = REPO / "config" / "kubernetes") -> set[str]:
+    """The names the adapter serves to autoscalers (`name.as`)."""
+    return {rule["name"]["as"] for _, rule in adapter_rules(directory) if "as" in rule.get("name", {})}
+
+
+def adapter_rule_exprs(directory: Path = REPO / "config" / "kubernetes") -> list[RuleExpr]:
+    """prometheus-adapter's rules: each `seriesQuery`, and its `metricsQuery` with the
+    adapter's template filled in for the series that query finds."""
+    exprs = []
+    for path, rule in adapter_rules(directory):
+        where = f"{path.relative_to(REPO)}: {rule['seriesQuery']}"
+        exprs.append(RuleExpr(where, rule["seriesQuery"]))
+        (series,) = selectors(rule["seriesQuery"])
+        query = rule.get("metricsQuery", "")
+        query = query.replace("<<.Series>>", series.name).replace("<<.LabelMatchers>>", 'pod="p"')
+        query = query.replace("<<.GroupBy>>", "pod")
+        if query:
+            exprs.append(RuleExpr(where + " (metricsQuery)", query))
     return exprs
 
 
