@@ -328,3 +328,15 @@ def test_the_shape_check_refuses_what_the_service_never_exposes() -> None:
     name, labels = parse_series('mlpa_budget_rows_restored_total{job="mlpa", service_type="memories", at="request"}')
     assert a_known_combination(own[name], labels)
     assert first_value("1 1 1") == (1.0, False) and first_value("_x3 1x7") == (1.0, True)
+
+
+def test_the_job_variable_reads_a_series_every_pod_has_from_start() -> None:
+    """A fresh pod (no request yet) is listed: its `job` comes from a series that exists at
+    start, not from a counter's first event."""
+    exposition = prometheus_client.generate_latest(Metrics(prometheus_client.CollectorRegistry()).registry).decode()
+    present = {line.split("{")[0].split()[0] for line in exposition.splitlines() if line and not line.startswith("#")}
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        (metric,) = re.findall(r"label_values\((\w+),", variable["definition"])
+        assert metric in present, f"${variable['name']} reads {metric}, which a fresh pod lacks"
