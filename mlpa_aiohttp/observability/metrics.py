@@ -173,7 +173,8 @@ class Metrics:
         self.stream_keepalives = Counter(
             "mlpa_stream_keepalive_comments", "SSE keep-alive empty lines sent while a first token was pending", registry=r
         )
-        # Overload protection (mlpa_aiohttp/process/overload.py), observed only while it is on.
+        # Overload protection (mlpa_aiohttp/process/overload.py), observed only while it is on;
+        # each shed reason's series exists from start, so the overlay's HPA reads 0, not nothing.
         self.shed_requests = Counter(
             "mlpa_shed_requests", "New requests shed by overload protection", ("reason",), registry=r,
             known=known(reason=SHED_REASONS),
