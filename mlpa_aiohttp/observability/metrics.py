@@ -113,7 +113,11 @@ class Metrics:
     ) -> None:
         """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
         GC series are then per worker (observability/runtime_metrics.py). `catalog` bounds
-        the service-type, purpose and model labels (`labels`)."""
+        the service-type, purpose and model labels (`labels`).
+
+        A labelled metric that an alert or an autoscaler reads declares the label values it
+        knows up front with `known=` (known_series.py), so its series exist at 0 from start;
+        tests/e2e/test_series_from_start.py fails for one that does not."""
         self.registry = registry
         self.labels = LabelBounds(catalog)
         # Installed in gc.callbacks for the app's life (app.py, `_worker_gc_metrics_context`).
