@@ -47,7 +47,7 @@ class KnownLabels:
             raise ValueError(f"known labels {sorted(unknown)} are not labels of the metric ({', '.join(label_names)})")
         names = list(self.each)
         for values in itertools.product(*(self.each[name] for name in names)):
-            combination = dict(zip(names, values))
+            combination = dict(zip(names, values, strict=True))
             for row in self.rows:
                 labels = {**combination, **row}
                 yield tuple(labels.get(name, "") for name in label_names)
