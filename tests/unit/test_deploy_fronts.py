@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,7 @@ from mlpa_aiohttp.settings import DEFAULT_SECRETS, Settings
 from .test_deploy_config import (
     MANIFEST_DIR,
     MANIFESTS,
+    OVERLOAD_DIR,
     by_identity,
     kubectl,
     load_gunicorn_conf,
@@ -42,6 +44,7 @@ from .test_deploy_config import (
 ROOT = MANIFEST_DIR.parents[1]
 OVERLAYS = MANIFEST_DIR / "overlays"
 GKE_DIR, NGINX_DIR, SERVICEMONITOR_DIR = OVERLAYS / "gke", OVERLAYS / "ingress-nginx", OVERLAYS / "servicemonitor"
+COMPONENTS = MANIFEST_DIR / "components"
 CRD_SCHEMAS = ROOT / "tests" / "data" / "crd_schemas"
 ALERT_RULES = ROOT / "config" / "prometheus" / "mlpa-alerts.yml"
 ADMIN_PATHS = ("/metrics", "/admin", "/user", "/api/docs", "/openapi.json")
@@ -119,29 +122,37 @@ def test_each_overlay_is_the_base_and_its_own_objects_all_passing_strict_schemas
         validate_strictly(obj)
 
 
-def test_a_front_and_the_servicemonitor_compose(tmp_path: Path) -> None:
-    """The way docs/operations.md tells to combine them: a front's overlay as the resource,
-    the ServiceMonitor as a component (kustomize wants relative paths)."""
-
-    def relative(path: Path) -> str:
-        return os.path.relpath(path, tmp_path)
-
-    (tmp_path / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [relative(GKE_DIR)],
-                "components": [relative(MANIFEST_DIR / "components" / "servicemonitor")],
-            }
-        )
-    )
+def composed(tmp_path: Path, resource: Path, components: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """`kubectl kustomize` of an overlay of one's own (kustomize wants relative paths)."""
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(resource, tmp_path)],
+        "components": [os.path.relpath(COMPONENTS / name, tmp_path) for name in components],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     done = subprocess.run(
         [kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    composed = by_identity(doc for doc in yaml.safe_load_all(done.stdout) if doc)
-    assert set(composed) == set(by_identity(MANIFESTS)) | ADDED[GKE_DIR] | ADDED[SERVICEMONITOR_DIR]
+    return by_identity(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def test_the_documented_combination_renders(tmp_path: Path) -> None:
+    """docs/operations.md's example: overload protection behind GKE, scraped by the operator;
+    the components add their objects to the overload overlay and change nothing else of it."""
+    objects = composed(tmp_path, OVERLOAD_DIR, ["gke", "network-policy", "servicemonitor"])
+    overload = by_identity(rendered(OVERLOAD_DIR))
+    assert set(objects) == set(overload) | ADDED[GKE_DIR] | ADDED[SERVICEMONITOR_DIR]
+    assert objects[("Deployment", "mlpa")] == overload[("Deployment", "mlpa")]
+    assert objects[("BackendConfig", "mlpa")] == one(rendered(GKE_DIR), "BackendConfig")
+    for obj in objects.values():
+        validate_strictly(obj)
+
+
+def test_a_front_overlay_and_the_servicemonitor_compose(tmp_path: Path) -> None:
+    objects = composed(tmp_path, GKE_DIR, ["servicemonitor"])
+    assert set(objects) == set(by_identity(MANIFESTS)) | ADDED[GKE_DIR] | ADDED[SERVICEMONITOR_DIR]
 
 
 @pytest.mark.parametrize(
@@ -325,3 +336,69 @@ def test_egress_lets_out_what_the_settings_reach() -> None:
     assert urlsplit(current.upstream.api_base).hostname == "litellm"
     for port in (current.postgres.port, url_port(current.fxa.base_url), 6379):
         assert {"protocol": "TCP", "to": None} in allowed[port], port
+
+
+# --- scraping without the operator (config/prometheus/scrape-config.yml) --------------------
+
+SCRAPE_CONFIG = ROOT / "config" / "prometheus" / "scrape-config.yml"
+
+
+def pod_targets(pod_template: dict[str, Any], namespace: str = "mlpa") -> list[dict[str, str]]:
+    """The targets Prometheus's Kubernetes pod discovery makes of a pod of this template: one
+    per container port, with the `__meta_kubernetes_*` labels its documentation lists."""
+    metadata, spec = pod_template["metadata"], pod_template["spec"]
+
+    def label_name(name: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+    common = {
+        "__meta_kubernetes_namespace": namespace,
+        "__meta_kubernetes_pod_name": "mlpa-0",
+        "__metrics_path__": "/metrics",
+        **{f"__meta_kubernetes_pod_label_{label_name(k)}": v for k, v in metadata.get("labels", {}).items()},
+        **{f"__meta_kubernetes_pod_annotation_{label_name(k)}": v for k, v in metadata.get("annotations", {}).items()},
+    }
+    return [
+        {**common, "__address__": f"10.0.0.1:{port['containerPort']}", "__meta_kubernetes_pod_container_port_name": port.get("name", "")}
+        for container in spec["containers"]
+        for port in container.get("ports", [])
+    ] or [{**common, "__address__": "10.0.0.1"}]
+
+
+def relabel(target: dict[str, str], rules: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus's `keep` and `replace` relabelling (regexes anchored at both ends)."""
+    for rule in rules:
+        value = rule.get("separator", ";").join(target.get(name, "") for name in rule.get("source_labels", []))
+        match = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if action == "keep":
+            if not match:
+                return None
+        elif action == "replace":
+            if match:
+                target = {**target, rule["target_label"]: match.expand(rule.get("replacement", r"\1").replace("$1", r"\1"))}
+        else:
+            pytest.fail(f"relabel action {action!r} not simulated here")
+    return target
+
+
+def test_the_scrape_job_finds_the_admin_port_of_the_service_pods_only() -> None:
+    [job] = yaml.safe_load(SCRAPE_CONFIG.read_text())["scrape_configs"]
+    assert {job["job_name"]} == alert_rule_jobs()
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    deployment = MANIFESTS_BY_ID[("Deployment", "mlpa")]["spec"]["template"]
+    kept = [t for t in (relabel(t, job["relabel_configs"]) for t in pod_targets(deployment)) if t is not None]
+    assert [(t["__address__"], t["__metrics_path__"]) for t in kept] == [(f"10.0.0.1:{container_ports()['admin']}", "/metrics")]
+    assert (kept[0]["namespace"], kept[0]["pod"]) == ("mlpa", "mlpa-0")
+    migration = MANIFESTS_BY_ID[("Job", "mlpa-migrate")]["spec"]["template"]
+    assert [relabel(t, job["relabel_configs"]) for t in pod_targets(migration)] == [None]
+
+
+def test_promtool_accepts_the_scrape_job(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian: the prometheus package)")
+    done = subprocess.run([promtool, "check", "config", str(SCRAPE_CONFIG)], capture_output=True, text=True, timeout=60, check=False)
+    if "field kubernetes_sd_configs not found" in done.stdout + done.stderr:
+        pytest.skip("this promtool is built without Kubernetes discovery (Debian's is)")
+    assert done.returncode == 0, done.stdout + done.stderr
