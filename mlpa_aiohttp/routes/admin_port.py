@@ -25,12 +25,24 @@ ADMIN_PATHS = ("/metrics", "/admin", "/user", "/api/docs", "/openapi.json")
 BOTH_PATHS = ("/health",)
 
 
-def _under(path: str, prefixes: tuple[str, ...]) -> bool:
-    return any(path == prefix or path.startswith(prefix + "/") for prefix in prefixes)
+class _PathSet:
+    """Paths and everything below them; one set lookup and one `startswith` per test (this
+    runs for every request)."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self._exact = frozenset(paths)
+        self._below = tuple(path + "/" for path in paths)
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._exact or path.startswith(self._below)
+
+
+_ADMIN = _PathSet(ADMIN_PATHS)
+_BOTH = _PathSet(BOTH_PATHS)
 
 
 def is_admin_path(path: str) -> bool:
-    return _under(path, ADMIN_PATHS)
+    return path in _ADMIN
 
 
 def _local_port(request: web.Request) -> int | None:
@@ -47,7 +59,7 @@ def listener_split(admin_port: int) -> web.Middleware:
     @web.middleware
     async def split_by_listener(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if not _under(path, BOTH_PATHS) and is_admin_path(path) != (_local_port(request) == admin_port):
+        if path not in _BOTH and (path in _ADMIN) != (_local_port(request) == admin_port):
             raise web.HTTPNotFound()
         return await handler(request)
 
