@@ -65,7 +65,8 @@ SERVE_VARIABLES = """environment:
   copy). Set at least: LITELLM_API_BASE, MLPA_VIRTUAL_KEY, MASTER_KEY, MLPA_UI_ACCESS_KEY,
   MLPA_ACCESS_TOKEN_SECRET (32 bytes or more), MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN,
   DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; PORT is the default of --port, LOG_JSON=true
-  for JSON lines. Production runs it under gunicorn: see config/gunicorn.conf.py."""
+  for JSON lines, MLPA_ADMIN_PORT a second port for /metrics and the admin routes.
+  Production runs it under gunicorn: see config/gunicorn.conf.py."""
 
 DEMO_VARIABLES = """environment:
   PORT (default of --port), LOG_LEVEL. The demo sets LITELLM_API_BASE, FXA_BASE_URL, the
@@ -303,6 +304,8 @@ async def _demo(port: int, log_level: str) -> int:
             "MASTER_KEY": fake_litellm.master_key,
             "MLPA_UI_ACCESS_KEY": ui_key,
             "MLPA_STORE": "memory",
+            # One port, the one the banner's URLs name (/metrics and /admin included).
+            "MLPA_ADMIN_PORT": "",
         }
         settings = Settings.from_environ(environ, demo=True)
         # The fake keeps LiteLLM's budget rows and spend, so /user/<id> (LiteLLM's view) and

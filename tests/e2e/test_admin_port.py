@@ -21,14 +21,14 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlpa_aiohttp.process.startup import EXIT_CANNOT_LISTEN
+from mlpa_aiohttp.process.startup import EXIT_CANNOT_LISTEN, EXIT_CONFIG
 from tests.support.gunicorn import (
     GUNICORN,
     Gunicorn,
     gunicorn_on_fakes,
     wait_until_live,
 )
-from tests.support.processes import REPO_ROOT, free_port, stop_process
+from tests.support.processes import REPO_ROOT, free_port, running_demo, stop_process
 from tests.support.tiers import require_slow_tier
 
 from ..conftest import TEST_SECRETS, chat_body
@@ -182,3 +182,25 @@ def test_gunicorn_refuses_a_taken_admin_port_with_one_line(busy_port: int) -> No
     assert done.returncode == EXIT_CANNOT_LISTEN, done.stdout + done.stderr
     (message,) = done.stderr.splitlines()
     assert f"port {busy_port} on 0.0.0.0 is already in use" in message and "MLPA_ADMIN_PORT" in message
+
+
+def test_serve_refuses_an_admin_port_equal_to_its_port() -> None:
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "mlpa_aiohttp", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        check=False, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "MLPA_DEBUG": "true", "MLPA_STORE": "memory", "MLPA_ADMIN_PORT": str(port)},
+    )
+    assert done.returncode == EXIT_CONFIG, done.stdout + done.stderr
+    assert f"MLPA_ADMIN_PORT: must differ from --port ({port}), got {port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_the_demo_keeps_everything_on_its_one_port() -> None:
+    """The demo's banner names /metrics and /admin on its port, whatever MLPA_ADMIN_PORT says."""
+    with running_demo({**os.environ, "MLPA_ADMIN_PORT": str(free_port())}) as (process, port):
+        ready = process.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in ready, ready
+        async with aiohttp.ClientSession() as session:
+            for path in ("/metrics", "/admin"):
+                assert (await get(session, f"http://127.0.0.1:{port}{path}"))[0] == 200, path
