@@ -6,6 +6,7 @@ The gunicorn and `serve` entries are run in tests/e2e/test_admin_port.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -181,3 +182,28 @@ def test_the_setting(env: dict[str, str], expected: int | None, problem: str | N
     reading = Settings.read_environ({**TEST_SECRETS, **env})
     assert reading.settings.server.admin_port == expected
     assert list(reading.problems) == ([problem] if problem else [])
+
+
+async def raw_status(base: str, target: str) -> int:
+    """The status of a GET whose request target is sent exactly as given (no client-side
+    normalisation of dots, slashes or escapes)."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status_line = await reader.readline()
+        await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(status_line.split()[1])
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/./metrics", "/x/../metrics", "/user/../metrics", "/%6Detrics", "//metrics", "/metrics?x=1",
+     "/api/docs/static/../../openapi.json", "/admin/../openapi.json", "/%2Fmetrics"],
+)
+async def test_spellings_of_an_operators_path_are_refused_on_the_public_port(two_ports: TwoPorts, target: str) -> None:
+    assert await raw_status(two_ports.public, target) == 404
