@@ -17,6 +17,7 @@ the route exists. Unset, there is no middleware and everything is on PORT, as th
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from ..middlewares import Handler
 
@@ -53,7 +54,7 @@ def _local_port(request: web.Request) -> int | None:
     return sockname[1] if isinstance(sockname, tuple) else None
 
 
-def listener_split(admin_port: int) -> web.Middleware:
+def listener_split(admin_port: int) -> Middleware:
     """The middleware for an app served on PORT and on `admin_port`."""
 
     @web.middleware
