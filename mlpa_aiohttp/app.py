@@ -54,6 +54,7 @@ from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
+from .routes.admin_port import listener_split
 from .settings import Settings, variable_names
 from .settings.compat import warn_about_environment
 from .store.app_attest import (
@@ -88,8 +89,11 @@ def create_app(settings: Settings) -> web.Application:
     monitor = LoadMonitor(settings.overload, streams.open_count, metrics) if settings.overload.enabled else None
     # Overload shedding comes first, before even the log line (process/overload.py says why).
     shedding = [shedding_middleware(monitor)] if monitor is not None else []
+    # With MLPA_ADMIN_PORT, innermost: its 404 gets error_mapping's body and a log line.
+    admin_port = settings.server.admin_port
+    listeners = [listener_split(admin_port)] if admin_port is not None else []
     app = web.Application(
-        middlewares=[*shedding, request_context, error_mapping],
+        middlewares=[*shedding, request_context, error_mapping, *listeners],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so

@@ -312,6 +312,21 @@ def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
     return env.catalog.capped_types
 
 
+def _admin_port(env: _Env, default: int | None) -> int | None:
+    """MLPA_ADMIN_PORT: unset for none; a port other than PORT's."""
+    port = env._parse("MLPA_ADMIN_PORT", None, "a port number", int)
+    if port is None:
+        return default
+    if not 1 <= port <= 65535:
+        env.problem(f"MLPA_ADMIN_PORT: must be a port number from 1 to 65535, got {port}")
+        return default
+    public = (env.raw("PORT") or "").strip() or "8080"
+    if public.isdigit() and int(public) == port:
+        env.problem(f"MLPA_ADMIN_PORT: must differ from PORT ({public}), got {port}")
+        return default
+    return port
+
+
 # --- the sections ---------------------------------------------------------------------------
 # Each section's `heading` and docstring head its part of the configuration reference; each
 # variable's `meaning` is its line there (docs/configuration.md, config/example.env).
@@ -447,6 +462,20 @@ class ServerSettings:
         10000,
         minimum=0,
         meaning="Allocations between collections of the garbage collector's young generation (0: CPython's 700).",
+    )
+
+    # compatibility.md D62: the operators' routes on a listener of their own (routes/admin_port.py).
+    admin_port: int | None = derived(
+        _admin_port,
+        documents=(
+            Documented(
+                "MLPA_ADMIN_PORT",
+                "port 1-65535, not `PORT`",
+                "A second listener (`serve` and gunicorn) for `/metrics`, `/admin`, `/user/*`, `/api/docs` and"
+                " `/openapi.json`, which the public port then answers with 404; the health routes answer on"
+                " both. Unset: everything on `PORT`, as the reference.",
+            ),
+        ),
     )
 
     def dead_peer_options(self) -> DeadPeerOptions:
