@@ -21,7 +21,7 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
 
-from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
+from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType
 from ..catalog.file import CatalogError, load_catalog
 from .compat import with_reference_aliases
 
@@ -257,8 +257,9 @@ def _capped_service_types(env: _Env, catalog: Catalog) -> frozenset[str]:
 def _budgets(env: _Env, catalog: Catalog) -> Mapping[str, BudgetTier]:
     """USER_FEATURE_BUDGET_<SERVICE TYPE>_<FIELD> on top of each tier of the catalogue."""
     tiers = {}
+    infixes = catalog.budget_infixes
     for service_type, tier in catalog.budgets.items():
-        prefix = f"USER_FEATURE_BUDGET_{env_name(service_type)}_"
+        prefix = f"USER_FEATURE_BUDGET_{infixes[service_type]}_"
         tiers[service_type] = BudgetTier(
             budget_id=env.str(prefix + "BUDGET_ID", tier.budget_id),
             max_budget=env.float(prefix + "MAX_BUDGET", tier.max_budget, minimum=0.0),
