@@ -52,6 +52,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "server_shutdown": "excluded",
     # Ours: MAX_CONCURRENT_STREAMS_PER_USER turned a caller away, a policy like a rate limit.
     "concurrent_stream_limit": "excluded",
+    # The reference's code 10 (1.0.39): the service's own budget is spent, users are failed.
+    "global_budget_exceeded": "failure",
 }
 
 

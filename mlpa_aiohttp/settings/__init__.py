@@ -841,7 +841,7 @@ class StreamLimitSettings:
         "MAX_CONCURRENT_STREAMS_PER_USER",
         0,
         minimum=0,
-        meaning="Open streams one user (`uid:service_type`) may hold per worker; the next gets 429, error 10"
+        meaning="Open streams one user (`uid:service_type`) may hold per worker; the next gets 429, error 11"
         " (0: no cap).",
     )
     keepalive_seconds: float = variable(
