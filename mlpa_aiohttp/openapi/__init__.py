@@ -158,6 +158,12 @@ def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default:
             "Authenticate with an MLPA access token from `POST /verify/play` (`Authorization: Bearer <token>`).",
             _BOOL_HEADER,
         ),
+        _header(
+            header_names.LITELLM_VIRTUAL_KEY,
+            "The caller's own LiteLLM virtual key, sent to LiteLLM instead of the service's (whitespace trimmed; "
+            "blank: the service's). Honoured only when the server sets `ALLOW_CUSTOM_VIRTUAL_KEY=true`, "
+            "ignored otherwise; not checked by the service (a key LiteLLM does not know is LiteLLM's error).",
+        ),
         _header(header_names.GEO_COUNTRY, "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
         _header(header_names.SESSION_ID, "Client session id (logging only)."),
     ]

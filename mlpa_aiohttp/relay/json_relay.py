@@ -40,13 +40,19 @@ def _error(verdict: Classification | Unclassified, *, debug: bool) -> ApiError:
 
 
 async def relay_completion(
-    request: web.Request, *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
+    request: web.Request,
+    *,
+    client: LiteLLMClient,
+    body: UpstreamBody,
+    outcome: CompletionOutcome,
+    debug: bool,
+    virtual_key: str | None = None,
 ) -> web.Response:
     """The completion's JSON, or its error raised; either way its ending is recorded once
-    (relay/ending.py)."""
+    (relay/ending.py). `virtual_key`: the client's own LiteLLM key, or None."""
     payload: Any = None
     try:
-        async with client.completion(body, stream=False) as upstream:
+        async with client.completion(body, stream=False, virtual_key=virtual_key) as upstream:
             text = await upstream.text()
             status, headers = upstream.status, upstream.headers
             if 200 <= status < 300:
@@ -109,12 +115,13 @@ async def relay_search(
     service_type: str,
     purpose: str,
     debug: bool,
+    virtual_key: str | None = None,
 ) -> web.Response:
     started = time.monotonic()
     result = "error"
     try:
         try:
-            reply = await client.search(body)
+            reply = await client.search(body, virtual_key=virtual_key)
             if 200 <= reply.status < 300:
                 payload = json.loads(reply.text)
         except _TRANSPORT_ERRORS as exc:

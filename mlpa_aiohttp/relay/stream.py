@@ -57,6 +57,7 @@ class StreamRelay:
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
         "_response", "_upstream", "_task", "_handle", "_accountant", "_delivery", "_keepalive", "_fast_path",
+        "_virtual_key",
     )  # fmt: skip
 
     def __init__(
@@ -72,8 +73,11 @@ class StreamRelay:
         started: float,
         keepalive: FirstByteKeepAlive | None = None,
         fast_path: TakeOver = None,
+        virtual_key: str | None = None,
     ) -> None:
         self._request = request
+        # The client's own LiteLLM key (`litellm-virtual-key`), or None for the service's.
+        self._virtual_key = virtual_key
         self._client = client
         self._body = body
         self._outcome = outcome
@@ -149,7 +153,7 @@ class StreamRelay:
 
     async def _relay(self) -> endings.Ending:
         try:
-            async with self._client.completion(self._body, stream=True) as upstream:
+            async with self._client.completion(self._body, stream=True, virtual_key=self._virtual_key) as upstream:
                 self._upstream = upstream
                 self._handle.upstream_open = True
                 if upstream.status >= 300:

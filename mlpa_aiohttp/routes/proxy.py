@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
-from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
+from ..headers import GEO_COUNTRY, LITELLM_VIRTUAL_KEY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
@@ -57,6 +57,15 @@ async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_b
         raise
     _bind_principal(principal)
     return principal
+
+
+def custom_virtual_key(request: web.Request) -> str | None:
+    """The client's own LiteLLM key (`litellm-virtual-key`, MLPA 1.0.39), when
+    ALLOW_CUSTOM_VIRTUAL_KEY allows it and the trimmed value is not blank; else None, the
+    service's key. Not checked here: a key LiteLLM does not know is LiteLLM's to refuse."""
+    if not request.app[keys.SETTINGS].upstream.allow_custom_virtual_key:
+        return None
+    return request.headers.get(LITELLM_VIRTUAL_KEY, "").strip() or None
 
 
 def _count_country(request: web.Request, service_type: str, model_label: str) -> None:
@@ -119,6 +128,8 @@ class PreparedCompletion:
     outcome: CompletionOutcome
     # The LiteLLM end user `uid:service_type`: the identity a stream slot is held for.
     user_id: str
+    # The client's own LiteLLM key, or None for MLPA_VIRTUAL_KEY.
+    virtual_key: str | None = None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -139,6 +150,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             started=started,
             keepalive=_keepalive_for(request, completion),
             fast_path=app[keys.RELAY_FAST_PATH],
+            virtual_key=completion.virtual_key,
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
@@ -152,7 +164,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # hang-up (a CancelledError from the connection-lost callback), shutdown.
             slots.give_back(completion.user_id)
     return await relay_completion(
-        request, client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
+        request,
+        client=client,
+        body=completion.body,
+        outcome=completion.outcome,
+        debug=settings.server.debug,
+        virtual_key=completion.virtual_key,
     )
 
 
@@ -199,6 +216,7 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
             metrics, model=chat.model, service_type=labels.service_type, purpose=labels.purpose, started=started
         ),
         user_id=principal.user_id,
+        virtual_key=custom_virtual_key(request),
     )
 
 
@@ -222,4 +240,5 @@ async def search(request: web.Request) -> web.Response:
         service_type=service_type,
         purpose=purpose,
         debug=app[keys.SETTINGS].server.debug,
+        virtual_key=custom_virtual_key(request),
     )

@@ -518,6 +518,13 @@ class UpstreamSettings:
         minimum=0.0,
         meaning="No retry starts (its backoff included) later than this after the first attempt.",
     )
+    # MLPA 1.0.39 (compatibility.md §4.2): a client may name the LiteLLM key of its request.
+    allow_custom_virtual_key: bool = variable(
+        "ALLOW_CUSTOM_VIRTUAL_KEY",
+        False,
+        meaning="Honour the `litellm-virtual-key` request header on chat and search: its trimmed value (blank:"
+        " `MLPA_VIRTUAL_KEY`) is the key sent to LiteLLM. Off: the header is ignored.",
+    )
 
     def url(self, path: str) -> str:
         return self.api_base.rstrip("/") + path
@@ -828,6 +835,13 @@ class ObservabilitySettings:
         None,
         meaning="Directory of the metrics' multi-process files, for several workers; emptied at start."
         " Unset: one process.",
+    )
+    # MLPA 1.0.39: the `client_country` of the by-country chat metrics keeps these, else "other".
+    launch_countries: frozenset[str] = variable(
+        "MLPA_LAUNCH_COUNTRIES",
+        frozenset({"US", "CA", "FR", "DE"}),
+        meaning="Countries (`X-Geo-Country` values, case-sensitive) the by-country chat metrics name;"
+        " any other country, or none, is `other`. Comma-separated.",
     )
 
 
