@@ -209,7 +209,13 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
-        body=completion_body(chat, user=principal.user_id, defaults=settings.completion),
+        body=completion_body(
+            chat,
+            user=principal.user_id,
+            defaults=settings.completion,
+            purpose=principal.purpose,
+            country=request.headers.get(GEO_COUNTRY),
+        ),
         stream=chat.stream,
         labels=labels,
         outcome=CompletionOutcome(
@@ -235,7 +241,7 @@ async def search(request: web.Request) -> web.Response:
     await app[keys.PROVISIONER].provision(principal.user_id)
     return await relay_search(
         client=app[keys.LITELLM],
-        body=search_body(query, user=principal.user_id, service_type=service_type, purpose=purpose),
+        body=search_body(query, user=principal.user_id),
         metrics=app[keys.METRICS],
         service_type=service_type,
         purpose=purpose,

@@ -64,7 +64,21 @@ async def test_unknown_body_fields_are_dropped(service: Service) -> None:
     response = await service.chat(chat_body(secret_flag=True, metadata={"x": 1}))
     assert response.status == 200
     sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
-    assert "secret_flag" not in sent and "metadata" not in sent
+    # The client's `metadata` is dropped; the service's own (MLPA 1.0.39) is sent instead.
+    assert "secret_flag" not in sent
+    assert sent["metadata"] == {"spend_logs_metadata": {"purpose": "", "country_code": ""}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_spend_logs_metadata_carries_the_purpose_and_the_raw_country(service: Service, stream: bool) -> None:
+    """MLPA 1.0.39 §A.7: the validated purpose and the `X-Geo-Country` value as sent, unclamped."""
+    headers = service.headers(purpose=" chat ", **{"X-Geo-Country": "zz"})
+    response = await service.chat(chat_body(stream=stream), headers=headers)
+    assert response.status == 200
+    await response.read()
+    sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
+    assert sent["metadata"] == {"spend_logs_metadata": {"purpose": "chat", "country_code": "zz"}}
+    assert "service_type" not in sent and "purpose" not in sent
 
 
 # -- rules before auth ------------------------------------------------------------------
