@@ -32,20 +32,33 @@ class Usage:
 
 
 class CompletionOutcome:
-    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started")
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "country", "_started")
 
-    def __init__(self, metrics: Metrics, *, model: str, service_type: str, purpose: str, started: float) -> None:
+    def __init__(
+        self, metrics: Metrics, *, model: str, service_type: str, purpose: str, country: str | None, started: float
+    ) -> None:
         self._metrics = metrics
         self.model = model
         self.service_type = service_type
         self.purpose = purpose
+        # The raw `X-Geo-Country` value, for the by-country twins (MLPA 1.0.39).
+        self.country = country
         self._started = started
 
     def _finish(self, result: str, model_label: str, availability_reason: str) -> None:
         elapsed = time.monotonic() - self._started
         m = self._metrics
-        m.completion_latency.labels(result, model_label, self.service_type, self.purpose).observe(elapsed)
-        m.chat_availability(availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose)
+        m.chat_completion_latency(
+            result,
+            elapsed,
+            model_label=model_label,
+            service_type=self.service_type,
+            purpose=self.purpose,
+            country=self.country,
+        )
+        m.chat_availability(
+            availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose, country=self.country
+        )
         log_context.bind(result=result, completion_seconds=round(elapsed, 4))
 
     def succeeded(self, usage: Usage, routing: RoutingInfo) -> None:

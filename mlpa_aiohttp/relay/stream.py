@@ -92,7 +92,7 @@ class StreamRelay:
         self._accountant = sse.StreamAccountant()
         # The TTFT observer must not hold `self`: a bound method here would be a reference
         # cycle (relay -> delivery -> relay) that only the cyclic collector frees.
-        self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome.model, started))
+        self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome, started))
         # Set only for a stream that opted into keep-alive lines (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
@@ -220,10 +220,12 @@ class StreamRelay:
             pass
 
 
-def _ttft_observer(metrics: Metrics, model: str, started: float) -> Callable[[], None]:
-    """What the stream's first relayed byte records: its time to first token."""
+def _ttft_observer(metrics: Metrics, outcome: CompletionOutcome, started: float) -> Callable[[], None]:
+    """What the stream's first relayed byte records: its time to first token (and its
+    by-country twin)."""
+    model, service_type, country = outcome.model, outcome.service_type, outcome.country
 
     def observe() -> None:
-        metrics.ttft.labels(model).observe(time.monotonic() - started)
+        metrics.chat_ttft(time.monotonic() - started, model=model, service_type=service_type, country=country)
 
     return observe

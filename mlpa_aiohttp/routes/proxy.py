@@ -78,11 +78,13 @@ def _count_country(request: web.Request, service_type: str, model_label: str) ->
 @dataclass(frozen=True, slots=True)
 class ChatLabels:
     """The labels of a chat request's availability and rejection samples. The purpose is
-    the header's, trimmed: the same value the authenticated principal carries."""
+    the header's, trimmed: the same value the authenticated principal carries. `country`
+    is the raw `X-Geo-Country` value, for the by-country availability twin."""
 
     model: str
     service_type: str
     purpose: str
+    country: str | None
 
 
 @contextmanager
@@ -97,7 +99,7 @@ def refusals_recorded(metrics: Metrics, labels: ChatLabels) -> Iterator[None]:
         if error.rejection_reason is not None:
             metrics.chat_rejection(error.rejection_reason, **kwargs)
         if error.availability_reason is not None:
-            metrics.chat_availability(error.availability_reason, **kwargs)
+            metrics.chat_availability(error.availability_reason, country=labels.country, **kwargs)
         raise
 
 
@@ -109,7 +111,7 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     rules, metrics = request.app[keys.REQUEST_RULES], request.app[keys.METRICS]
     headers, chat = rules.parse_chat(raw_body, request.headers)
     log_context.bind(model=chat.model)
-    labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip())
+    labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip(), request.headers.get(GEO_COUNTRY))
     with refusals_recorded(metrics, labels):
         check_model_name(chat.model)
         rules.check_model_service_type(chat.model, headers.service_type)
@@ -203,7 +205,8 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
-    labels = ChatLabels(chat.model, principal.service_type, principal.purpose)
+    country = request.headers.get(GEO_COUNTRY)
+    labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
     with refusals_recorded(metrics, labels):
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
@@ -214,12 +217,17 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
             user=principal.user_id,
             defaults=settings.completion,
             purpose=principal.purpose,
-            country=request.headers.get(GEO_COUNTRY),
+            country=country,
         ),
         stream=chat.stream,
         labels=labels,
         outcome=CompletionOutcome(
-            metrics, model=chat.model, service_type=labels.service_type, purpose=labels.purpose, started=started
+            metrics,
+            model=chat.model,
+            service_type=labels.service_type,
+            purpose=labels.purpose,
+            country=country,
+            started=started,
         ),
         user_id=principal.user_id,
         virtual_key=custom_virtual_key(request),
