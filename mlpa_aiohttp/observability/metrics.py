@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import multiprocess
 
 from ..catalog import BUILTIN_CATALOG, Catalog
+from .exa_errors import exa_error_labels
 from .labels import DEFAULT_LAUNCH_COUNTRIES, LabelBounds
 from .runtime_metrics import GCPauses, WorkerGCCounters, register_multiprocess, register_single_process
 
@@ -290,6 +291,13 @@ class Metrics:
             ("outcome", "client_country", "service_type"),
             registry=r,
         )
+        # Errors LiteLLM answered for an Exa-backed model (observability/exa_errors.py).
+        self.exa_errors = Counter(
+            "mlpa_exa_errors",
+            "Upstream errors of the Exa-backed models, by status and Exa's error tag",
+            ("model", "status_code", "tag"),
+            registry=r,
+        )
         self.routed_completions = Counter(
             "mlpa_litellm_routed_completions", "Completions by LiteLLM route", (*_ROUTED, "fallback_used"), registry=r
         )
@@ -334,6 +342,13 @@ class Metrics:
         self.completion_latency_by_country.labels(
             result, self.labels.launch_country(country), self.labels.service_type(service_type)
         ).observe(seconds)
+
+    def exa_error(self, model: str, status: int, body: str, *, classified: bool) -> None:
+        """One sample of `mlpa_exa_errors_total` for LiteLLM's error answer (`status`, its raw
+        `body`), if the model is Exa's and the error is Exa's (`exa_errors.exa_error_labels`)."""
+        labels = exa_error_labels(model, status, body, classified=classified)
+        if labels is not None:
+            self.exa_errors.labels(*labels).inc()
 
     def chat_ttft(self, seconds: float, *, model: str, service_type: str, country: str | None) -> None:
         """Time to first token and its by-country twin."""

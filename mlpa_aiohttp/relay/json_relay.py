@@ -23,6 +23,8 @@ from .outcome import CompletionOutcome, Usage
 log = structlog.get_logger(__name__)
 
 PROXY_FAILED_MESSAGE = "Failed to proxy request"
+# The model of every search: LiteLLM's Exa search tool.
+SEARCH_MODEL = "exa-search"
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError)
 
 
@@ -68,6 +70,7 @@ async def relay_completion(
             ending = endings.Completed(_usage_of(payload), RoutingInfo.from_headers(headers))
         else:
             verdict = judge_response(status, text, relay="completion")
+            outcome.upstream_answered(status, text, verdict)
             ending = endings.refused(verdict)
     endings.record(request, outcome, ending)
     if isinstance(ending, endings.Completed):
@@ -128,9 +131,12 @@ async def relay_search(
             raise _error(judge_failure(exc, relay="search"), debug=debug) from None
         if not 200 <= reply.status < 300:
             verdict = judge_response(reply.status, reply.text, relay="search")
+            metrics.exa_error(
+                SEARCH_MODEL, reply.status, reply.text, classified=isinstance(verdict, Classification)
+            )
             if isinstance(verdict, Classification):
                 metrics.search_rejections.labels(
-                    verdict.rejection_reason, "exa-search", metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
+                    verdict.rejection_reason, SEARCH_MODEL, metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
                 ).inc()
             raise _error(verdict, debug=debug)
         result = "success"

@@ -14,6 +14,7 @@ from ..errors import Classification
 from ..observability import log_context
 from ..observability.metrics import Metrics
 from ..upstream.routing import RoutingInfo
+from .judgment import Unclassified
 
 if TYPE_CHECKING:
     from .sse import StreamAccountant
@@ -95,6 +96,12 @@ class CompletionOutcome:
             litellm_duration_seconds=routing.duration_seconds,
             litellm_cost_usd=routing.cost_usd,
         )
+
+    def upstream_answered(self, status: int, body: str, verdict: Classification | Unclassified) -> None:
+        """LiteLLM answered this completion with an error status (before any chunk): the
+        Exa error counter, for the Exa-backed models (after the classifier, before the
+        rejection counter, as the reference records it)."""
+        self._metrics.exa_error(self.model, status, body, classified=isinstance(verdict, Classification))
 
     def rejected(self, classification: Classification) -> None:
         self._finish("error", self._metrics.labels.model(self.model), classification.availability_reason)

@@ -158,7 +158,9 @@ class StreamRelay:
                 self._handle.upstream_open = True
                 if upstream.status >= 300:
                     text = await read_error_body(upstream)
-                    return endings.refused(judge_response(upstream.status, text, relay="stream"))
+                    verdict = judge_response(upstream.status, text, relay="stream")
+                    self._outcome.upstream_answered(upstream.status, text, verdict)
+                    return endings.refused(verdict)
                 routing = RoutingInfo.from_headers(upstream.headers)
                 if self._keepalive is not None:
                     await self._first_byte(upstream)

@@ -12,7 +12,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
 
 import aiohttp
 import structlog
@@ -80,7 +80,7 @@ class UpstreamReply:
 
     status: int
     text: str
-    headers: dict[str, str]
+    headers: Mapping[str, str]
 
 
 # LiteLLM answers these when it (or its provider) is briefly unavailable; a 4xx is about
@@ -130,7 +130,7 @@ class LiteLLMClient:
         self._customer_info_url = settings.url("/customer/info")
         self._readiness_url = settings.url("/health/readiness")
         self._model_hub_url = settings.url("/public/model_hub/info")
-        self._virtual_headers = {
+        self._virtual_headers: Mapping[str, str] = {
             hdrs.AUTHORIZATION: f"Bearer {settings.virtual_key}",
             hdrs.CONTENT_TYPE: "application/json",
         }
@@ -158,7 +158,7 @@ class LiteLLMClient:
             sock_read=settings.search_timeout_seconds,
         )
 
-    def _key_headers(self, virtual_key: str | None) -> dict[str, str]:
+    def _key_headers(self, virtual_key: str | None) -> Mapping[str, str]:
         """The headers of a completion or search: the client's own key (`litellm-virtual-key`,
         already allowed and trimmed by the route) or the service's."""
         if virtual_key is None:
@@ -188,7 +188,7 @@ class LiteLLMClient:
             response.release()
 
     async def _post_completion(
-        self, payload: bytes, stream: bool, headers: dict[str, str], resends: list[str] | None = None
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], resends: list[str] | None = None
     ) -> aiohttp.ClientResponse:
         url = self._completions_url
         if stream:
@@ -197,7 +197,7 @@ class LiteLLMClient:
         return await self._post_with_stale_retry(url, payload, self._read_timeout, headers, resends)
 
     async def _attempt(
-        self, payload: bytes, stream: bool, headers: dict[str, str], resends: list[str]
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], resends: list[str]
     ) -> aiohttp.ClientResponse:
         """One try (with its stale-connection re-send); transient failures become `_Retryable`.
         Only failures before any response byte qualify: once headers are in, the caller
@@ -215,7 +215,7 @@ class LiteLLMClient:
         return response
 
     async def _post_completion_with_retries(
-        self, payload: bytes, stream: bool, headers: dict[str, str], policy: RetryPolicy
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], policy: RetryPolicy
     ) -> aiohttp.ClientResponse:
         """`_attempt` until it answers, the attempts are spent, or the next backoff would end
         past the budget; then the last failure is the answer (its response or its error).
@@ -267,7 +267,7 @@ class LiteLLMClient:
         url: str,
         body: bytes,
         timeout: aiohttp.ClientTimeout,
-        headers: dict[str, str],
+        headers: Mapping[str, str],
         resends: list[str] | None = None,
     ) -> aiohttp.ClientResponse:
         """POST once, and once more only if a *reused* pooled connection turned out to be
