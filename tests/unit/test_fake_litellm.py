@@ -206,6 +206,24 @@ async def test_chat_requires_the_virtual_key(
     assert len(fake.requests) == 1
 
 
+async def test_other_virtual_keys_are_accepted_and_the_bearer_recorded(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
+    """A client's own key (`litellm-virtual-key` through the service) works once LiteLLM knows it."""
+    own = {"Authorization": "Bearer sk-client-own"}
+    for path, body in (("/v1/chat/completions", chat_body(stream=False)), ("/v1/search/exa-search", {"query": "q"})):
+        async with session.post(server.make_url(path), json=body, headers=own) as resp:
+            assert resp.status == 401
+        fake.other_virtual_keys.add("sk-client-own")
+        async with session.post(server.make_url(path), json=body, headers=own) as resp:
+            assert resp.status == 200
+        fake.other_virtual_keys.clear()
+    assert [r.bearer for r in fake.requests] == ["sk-client-own"] * 4
+    async with session.post(server.make_url("/v1/chat/completions"), json=chat_body(), headers=VIRTUAL) as resp:
+        assert resp.status == 200
+    assert fake.requests[-1].bearer == "sk-test-virtual"
+
+
 async def test_requests_are_recorded(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
