@@ -190,7 +190,7 @@ def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> Firs
 
 
 def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> None:
-    """Claim one of the caller's open-stream slots or refuse with 429, error 10. No await
+    """Claim one of the caller's open-stream slots or refuse with 429, error 11. No await
     between the check and the claim (StreamSlots.try_take is synchronous)."""
     slots = request.app[keys.STREAM_SLOTS]
     if slots.try_take(completion.user_id):

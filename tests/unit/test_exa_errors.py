@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from mlpa_aiohttp.observability.exa_errors import EXA_ERROR_STATUSES, exa_error_labels, find_exa_tag
+from mlpa_aiohttp.observability.exa_errors import (
+    EXA_ERROR_STATUSES,
+    exa_error_labels,
+    find_exa_tag,
+)
 from tests.support.metrics import sample, samples
 
 from ..conftest import Service, chat_body
