@@ -84,6 +84,7 @@ def create_app(settings: Settings) -> web.Application:
         CollectorRegistry(auto_describe=True),
         multiprocess=settings.observability.prometheus_multiproc_dir is not None,
         catalog=settings.catalog,
+        launch_countries=settings.observability.launch_countries,
     )
     streams = StreamTracker()
     monitor = LoadMonitor(settings.overload, streams.open_count, metrics) if settings.overload.enabled else None

@@ -19,8 +19,9 @@ error by its `Classification` (whose reasons `UpstreamRejected` carries as well)
     │   ├── SignupCapExceeded     403 {"detail": {"error": 4}}
     │   └── UserBlocked           403 {"detail": {"error": "User is blocked."}}
     ├── NotFound                  404 {"detail": <text>}
-    ├── TooManyStreams            429 {"detail": {"error": 10}} + Retry-After (ours, off by default)
-    ├── UpstreamRejected          classified LiteLLM error: 4xx {"detail": {"error": N}} + Retry-After
+    ├── TooManyStreams            429 {"detail": {"error": 11}} + Retry-After (ours, off by default)
+    ├── UpstreamRejected          classified LiteLLM error: {"detail": {"error": N}} + Retry-After (4xx;
+    │                             500 for 10, the global budget)
     ├── UpstreamError             unclassified / transport: {"detail": {"error": <text>}}
     └── ServerFault               5xx {"detail": <text or object>}: our own dependency failed
         └── ProvisioningFailed    500: the caller's LiteLLM end user could not be read or created
@@ -41,9 +42,14 @@ CODE_SIGNUP_CAP = 4
 CODE_UPSTREAM_RATE_LIMITED = 5
 CODE_INVALID_MODEL_NAME = 8
 CODE_INVALID_REQUEST = 9
-# Ours, beyond the reference's catalogue (1-9; 6 and 7 belong to the Fastly edge): the
-# caller already holds MAX_CONCURRENT_STREAMS_PER_USER open streams.
-CODE_TOO_MANY_STREAMS = 10
+# The reference's (1.0.39): the budget of the LiteLLM user owning the shared virtual key is
+# spent, a service-wide condition (HTTP 500).
+CODE_GLOBAL_BUDGET_EXCEEDED = 10
+GLOBAL_BUDGET_RETRY_AFTER_SECONDS = 300
+# Ours, beyond the reference's catalogue (1-10; 6 and 7 belong to the Fastly edge): the
+# caller already holds MAX_CONCURRENT_STREAMS_PER_USER open streams. It was 10 until the
+# reference took 10 (compatibility.md D42).
+CODE_TOO_MANY_STREAMS = 11
 TOO_MANY_STREAMS_RETRY_AFTER_SECONDS = 5
 
 GENERIC_UPSTREAM_MESSAGE = "Upstream service returned an error"

@@ -16,6 +16,8 @@ USE_QA_CERTIFICATES = "use-qa-certificates"
 USE_PLAY_INTEGRITY = "use-play-integrity"
 GEO_COUNTRY = "X-Geo-Country"
 SESSION_ID = "session-id"
+# A client's own LiteLLM key, honoured with ALLOW_CUSTOM_VIRTUAL_KEY (MLPA 1.0.39, compatibility.md §4.2).
+LITELLM_VIRTUAL_KEY = "litellm-virtual-key"
 # A client opts its stream into keep-alive lines with this one (compatibility.md D34).
 STREAM_KEEPALIVE = "X-MLPA-Keepalive"
 

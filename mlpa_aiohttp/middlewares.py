@@ -164,6 +164,8 @@ def _record_oversized(request: web.Request) -> None:
             model=None,
             service_type=metrics.labels.service_type(request.headers.get(header_names.SERVICE_TYPE)),
             purpose=metrics.labels.purpose(request.headers.get(header_names.PURPOSE, "").strip()),
+            # The same clamp as every other twin (the reference's choice here is not known).
+            country=request.headers.get(header_names.GEO_COUNTRY),
         )
 
 

@@ -32,7 +32,7 @@ DEFAULT_CHAT_SERVICE_TYPE = "ai"
 
 
 class ServiceType(enum.StrEnum):
-    """The names of the built-in catalogue's thirteen service types, in its canonical order.
+    """The names of the built-in catalogue's fifteen service types, in its canonical order.
 
     Run-time code handles service types as plain strings checked against the loaded
     catalogue; these names are for code and tests that mean one built-in type."""
@@ -43,6 +43,8 @@ class ServiceType(enum.StrEnum):
     MEMORIES = "memories"
     SEARCH = "search"
     ANSWER = "answer"
+    SW_ANSWER = "sw-answer"
+    LINER_ANSWER = "liner-answer"
     TELEMETRY = "telemetry"
     AGENT = "agent"
     AGENT_SEARCH = "agent-search"
@@ -53,8 +55,14 @@ class ServiceType(enum.StrEnum):
 
 
 def env_name(service_type: str) -> str:
-    """The infix of a type's `USER_FEATURE_BUDGET_<T>_*` variables."""
+    """The infix of a type's `USER_FEATURE_BUDGET_<T>_*` variables, unless its entry names
+    another (`ServiceTypeEntry.budget_variables`)."""
     return service_type.upper().replace("-", "_")
+
+
+BUDGET_VARIABLES_PREFIX = "USER_FEATURE_BUDGET_"
+# What `budget_variables` may be: the prefix, then upper-case words joined by single `_`.
+BUDGET_VARIABLES = re.compile(r"^USER_FEATURE_BUDGET_[A-Z0-9]+(?:_[A-Z0-9]+)*$")
 
 
 def default_budget_id(service_type: str) -> str:
@@ -84,6 +92,16 @@ class ServiceTypeEntry:
     dev: bool = False
     # Counts against the signup cap (MLPA_CAPPED_SERVICE_TYPES replaces the set).
     capped: bool = False
+    # The stem of its budget variables (`<stem>_MAX_BUDGET`, ...) when it is not
+    # `USER_FEATURE_BUDGET_<T>`: the reference names liner-answer's `..._LINER_ANSWERS_*`.
+    budget_variables: str | None = None
+
+    @property
+    def budget_infix(self) -> str:
+        """The `<T>` of its `USER_FEATURE_BUDGET_<T>_*` variables."""
+        if self.budget_variables:
+            return self.budget_variables.removeprefix(BUDGET_VARIABLES_PREFIX)
+        return env_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +111,10 @@ class ModelEntry:
 
     name: str
     pinned_to: tuple[str, ...] = ()
+    # False: the metrics' `model` label does not keep this name ("invalid" on the failure
+    # side, compatibility.md §6). The reference pins `liner` but its label allowlist holds
+    # `liner-answers`: reproduced with `liner` unlabelled and `liner-answers` labelled.
+    labelled: bool = True
 
 
 @dataclass(frozen=True)
@@ -140,13 +162,19 @@ class Catalog:
     def budgets(self) -> Mapping[str, BudgetTier]:
         return MappingProxyType({st.name: st.budget for st in self.service_types})
 
+    @property
+    def budget_infixes(self) -> Mapping[str, str]:
+        """Each type's `<T>` of `USER_FEATURE_BUDGET_<T>_*`."""
+        return MappingProxyType({st.name: st.budget_infix for st in self.service_types})
+
     def service_type_list_text(self) -> str:
         return ", ".join(self.names)
 
     # -- models ---------------------------------------------------------------------------
     @property
     def known_models(self) -> frozenset[str]:
-        return frozenset(m.name for m in self.models)
+        """The names the metrics' `model` label keeps."""
+        return frozenset(m.name for m in self.models if m.labelled)
 
     @property
     def pinned_models(self) -> Mapping[str, tuple[str, ...]]:
@@ -175,9 +203,12 @@ def _type(
     duration: str = DEFAULT_BUDGET_DURATION,
     *,
     capped: bool = False,
+    budget_variables: str | None = None,
 ) -> ServiceTypeEntry:
     budget = BudgetTier(default_budget_id(name), max_budget, rpm, tpm, duration)
-    return ServiceTypeEntry(name, purposes, budget, dev=name.endswith("-dev"), capped=capped)
+    return ServiceTypeEntry(
+        name, purposes, budget, dev=name.endswith("-dev"), capped=capped, budget_variables=budget_variables
+    )
 
 
 _AI_PURPOSES = (
@@ -199,6 +230,9 @@ BUILTIN_CATALOG = Catalog(
         _type("memories", ("memory-generation",), 0.1, 10, 2000, capped=True),
         _type("search", (), 0.01, 10, 2000),
         _type("answer", (), 0.1, 10, 2000),
+        _type("sw-answer", (), 0.1, 10, 2000),
+        # The reference's variables for this tier say ANSWERS (plural).
+        _type("liner-answer", (), 0.06, 10, 2000, budget_variables="USER_FEATURE_BUDGET_LINER_ANSWERS"),
         _type("telemetry", ("chat",), 0.1, 10, 2000),
         _type("agent", ("monitor", "research"), 0.1, 10, 2000, "7d"),
         _type("agent-search", ("research",), 0.1, 10, 2000, "7d"),
@@ -212,11 +246,13 @@ BUILTIN_CATALOG = Catalog(
     # these, any other client-chosen name counts as "invalid". Requests naming another
     # model are not refused for it here (LiteLLM decides what it serves).
     models=(
-        ModelEntry("exa", pinned_to=(ServiceType.ANSWER.value,)),
+        ModelEntry("exa", pinned_to=(ServiceType.ANSWER.value, ServiceType.SW_ANSWER.value)),
         ModelEntry("exa-search", pinned_to=_SEARCH_TYPES),
         ModelEntry("gemini-2.5-flash-lite"),
         ModelEntry("gemini-3.1-flash-lite"),
         ModelEntry("gpt-oss-120b"),
+        ModelEntry("liner", pinned_to=(ServiceType.LINER_ANSWER.value,), labelled=False),
+        ModelEntry("liner-answers"),
         ModelEntry("openai/gpt-4o"),
         ModelEntry("mistral-small-2503"),
         ModelEntry("mistral-small-2603"),

@@ -16,6 +16,7 @@ import tomllib
 from typing import Any, Callable, Iterable, TypeVar
 
 from . import (
+    BUDGET_VARIABLES,
     CATALOG_NAME,
     CATALOG_NAME_MAX_LENGTH,
     DEFAULT_BUDGET_DURATION,
@@ -27,7 +28,6 @@ from . import (
     ModelEntry,
     ServiceTypeEntry,
     default_budget_id,
-    env_name,
 )
 
 T = TypeVar("T")
@@ -36,9 +36,9 @@ T = TypeVar("T")
 BUDGET_DURATION = re.compile(r"^[1-9][0-9]*(?:s|m|h|d|mo)$")
 
 _TOP_KEYS = ("search_service_types", "service_type", "model")
-_SERVICE_TYPE_KEYS = ("name", "purposes", "dev", "capped", "budget")
+_SERVICE_TYPE_KEYS = ("name", "purposes", "dev", "capped", "budget", "budget_variables")
 _BUDGET_KEYS = ("budget_id", "max_budget", "rpm_limit", "tpm_limit", "budget_duration")
-_MODEL_KEYS = ("name", "pinned_to")
+_MODEL_KEYS = ("name", "pinned_to", "metric_label")
 
 
 class CatalogError(ValueError):
@@ -175,7 +175,7 @@ class _Reader:
             entry = self.service_type(table, where)
             if entry is None or duplicate:
                 continue
-            infix = env_name(entry.name)
+            infix = entry.budget_infix
             if infix in seen_env:
                 self.problem(where, f"shares its USER_FEATURE_BUDGET_{infix}_* variables with {seen_env[infix]}")
             seen_env.setdefault(infix, where)
@@ -199,6 +199,10 @@ class _Reader:
         purposes = self.names(table.get("purposes", []), f"{where}.purposes", "purpose")
         dev = self.value(table, "dev", where, _boolean, "true or false", False)
         capped = self.value(table, "capped", where, _boolean, "true or false", False)
+        budget_variables = self.value(
+            table, "budget_variables", where, _budget_variables,
+            "USER_FEATURE_BUDGET_ then upper-case words joined by single underscores", None,
+        )
         if name is not None and name.endswith("-dev") and not dev:
             self.problem(
                 where,
@@ -215,7 +219,7 @@ class _Reader:
             budget = self.budget(budget_table, f"{where}.budget", name)
         if name is None or budget is None or len(self.problems) > before:
             return None
-        return ServiceTypeEntry(name, purposes, budget, dev=dev, capped=capped)
+        return ServiceTypeEntry(name, purposes, budget, dev=dev, capped=capped, budget_variables=budget_variables)
 
     def budget(self, table: dict[str, Any], where: str, service_type: str) -> BudgetTier | None:
         self.known_keys(table, _BUDGET_KEYS, where)
@@ -270,7 +274,8 @@ class _Reader:
                         f"{where}.pinned_to",
                         f"{service_type!r} is not a service type of this file{_closest(service_type, names)}",
                     )
-            models.append(ModelEntry(name, pinned))
+            labelled = self.value(table, "metric_label", where, _boolean, "true or false", True)
+            models.append(ModelEntry(name, pinned, labelled=labelled))
         return models
 
 
@@ -299,6 +304,10 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value if value >= 0 else None
+
+
+def _budget_variables(value: Any) -> str | None:
+    return value if isinstance(value, str) and BUDGET_VARIABLES.match(value) else None
 
 
 def _duration(value: Any) -> str | None:
@@ -347,11 +356,15 @@ def render_catalog(catalog: Catalog) -> str:
             f"budget = {{ budget_id = {_toml(tier.budget_id)}, max_budget = {_toml(tier.max_budget)}, "
             f"rpm_limit = {_toml(tier.rpm_limit)}, tpm_limit = {_toml(tier.tpm_limit)}, "
             f"budget_duration = {_toml(tier.budget_duration)} }}",
-            "",
         ]
+        if entry.budget_variables:
+            lines.append(f"budget_variables = {_toml(entry.budget_variables)}")
+        lines.append("")
     for model in catalog.models:
         lines += ["[[model]]", f"name = {_toml(model.name)}"]
         if model.pinned_to:
             lines.append(f"pinned_to = {_toml(model.pinned_to)}")
+        if not model.labelled:
+            lines.append("metric_label = false")
         lines.append("")
     return "\n".join(lines)

@@ -47,16 +47,28 @@ AT_BUDGET_CHANGE = "budget_change"
 BUDGET_ROW_REPAIR_SITES = (AT_ADMISSION, AT_REQUEST, AT_BUDGET_CHANGE)
 BUDGET_LINK_REPAIR_SITES = (AT_START, AT_REQUEST)
 
+# MLPA_LAUNCH_COUNTRIES' default: the markets the by-country chat metrics name.
+DEFAULT_LAUNCH_COUNTRIES = frozenset({"US", "CA", "FR", "DE"})
+OTHER_COUNTRY = "other"
+
 
 class LabelBounds:
     """The catalogue's names as label values; anything else is one fixed value."""
 
-    __slots__ = ("_models", "_service_types", "_purposes")
+    __slots__ = ("_models", "_service_types", "_purposes", "_launch_countries")
 
-    def __init__(self, catalog: Catalog = BUILTIN_CATALOG) -> None:
+    def __init__(
+        self, catalog: Catalog = BUILTIN_CATALOG, launch_countries: frozenset[str] = DEFAULT_LAUNCH_COUNTRIES
+    ) -> None:
         self._models = catalog.known_models
         self._service_types = frozenset(catalog.names)
         self._purposes = frozenset(catalog.all_purposes)
+        self._launch_countries = launch_countries
+
+    def launch_country(self, value: str | None) -> str:
+        """The raw `X-Geo-Country` value if it is exactly a launch country (case-sensitive),
+        else "other" (MLPA 1.0.39's `client_country` of the by-country chat metrics)."""
+        return value if value in self._launch_countries else OTHER_COUNTRY
 
     @property
     def models(self) -> tuple[str, ...]:

@@ -14,8 +14,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import multiprocess
 
 from ..catalog import BUILTIN_CATALOG, Catalog
+from .exa_errors import exa_error_labels
 from .known_series import KnownLabels, known, known_rows
-from .labels import BUDGET_LINK_REPAIR_SITES, BUDGET_ROW_REPAIR_SITES, SHED_REASONS, LabelBounds
+from .labels import (
+    BUDGET_LINK_REPAIR_SITES,
+    BUDGET_ROW_REPAIR_SITES,
+    DEFAULT_LAUNCH_COUNTRIES,
+    SHED_REASONS,
+    LabelBounds,
+)
 from .runtime_metrics import GCPauses, WorkerGCCounters, register_multiprocess, register_single_process
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -53,6 +60,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "server_shutdown": "excluded",
     # Ours: MAX_CONCURRENT_STREAMS_PER_USER turned a caller away, a policy like a rate limit.
     "concurrent_stream_limit": "excluded",
+    # The reference's code 10 (1.0.39): the service's own budget is spent, users are failed.
+    "global_budget_exceeded": "failure",
 }
 
 
@@ -109,17 +118,23 @@ _ROUTED = ("requested_model", "backend", "service_type", "purpose")
 
 class Metrics:
     def __init__(
-        self, registry: CollectorRegistry, *, multiprocess: bool = False, catalog: Catalog = BUILTIN_CATALOG
+        self,
+        registry: CollectorRegistry,
+        *,
+        multiprocess: bool = False,
+        catalog: Catalog = BUILTIN_CATALOG,
+        launch_countries: frozenset[str] = DEFAULT_LAUNCH_COUNTRIES,
     ) -> None:
         """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
         GC series are then per worker (observability/runtime_metrics.py). `catalog` bounds
-        the service-type, purpose and model labels (`labels`).
+        the service-type, purpose and model labels (`labels`), `launch_countries` the
+        by-country chat metrics' `client_country` (MLPA_LAUNCH_COUNTRIES).
 
         A labelled metric that an alert or an autoscaler reads declares the label values it
         knows up front with `known=` (known_series.py), so its series exist at 0 from start;
         tests/e2e/test_series_from_start.py fails for one that does not."""
         self.registry = registry
-        self.labels = LabelBounds(catalog)
+        self.labels = LabelBounds(catalog, launch_countries)
         # Installed in gc.callbacks for the app's life (app.py, `_worker_gc_metrics_context`).
         self.gc_pauses = GCPauses()
         self.gc_counters = WorkerGCCounters(self.gc_pauses) if multiprocess else None
@@ -292,6 +307,35 @@ class Metrics:
         self.search_rejections = Counter(
             "mlpa_search_request_rejections", "Rejected searches", ("reason", *_CHAT), registry=r
         )
+        # MLPA 1.0.39's launch-market twins: recorded with every sample of their parents
+        # (`chat_completion_latency`, `chat_ttft`, `chat_availability`), never instead.
+        self.completion_latency_by_country = Histogram(
+            "mlpa_chat_completion_latency_by_country_seconds",
+            "Completion latency by launch country",
+            ("result", "client_country", "service_type"),
+            buckets=COMPLETION_BUCKETS,
+            registry=r,
+        )
+        self.ttft_by_country = Histogram(
+            "mlpa_chat_completion_ttft_by_country_seconds",
+            "Time to first upstream chunk by launch country",
+            ("client_country", "service_type"),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.availability_by_country = Counter(
+            "mlpa_chat_availability_by_country",
+            "Chat availability samples by launch country",
+            ("outcome", "client_country", "service_type"),
+            registry=r,
+        )
+        # Errors LiteLLM answered for an Exa-backed model (observability/exa_errors.py).
+        self.exa_errors = Counter(
+            "mlpa_exa_errors",
+            "Upstream errors of the Exa-backed models, by status and Exa's error tag",
+            ("model", "status_code", "tag"),
+            registry=r,
+        )
         self.routed_completions = Counter(
             "mlpa_litellm_routed_completions", "Completions by LiteLLM route", (*_ROUTED, "fallback_used"), registry=r
         )
@@ -316,14 +360,40 @@ class Metrics:
         )
 
     # -- helpers used at the recording sites -----------------------------------------
-    def chat_availability(self, reason: str, *, model: str | None, service_type: str, purpose: str) -> None:
+    def chat_availability(
+        self, reason: str, *, model: str | None, service_type: str, purpose: str, country: str | None
+    ) -> None:
+        """One availability sample and its by-country twin; `country` is the raw
+        `X-Geo-Country` value (None when absent)."""
+        outcome, service_type_label = AVAILABILITY_OUTCOME[reason], self.labels.service_type(service_type)
         self.availability.labels(
-            AVAILABILITY_OUTCOME[reason],
-            reason,
-            self.labels.model(model),
-            self.labels.service_type(service_type),
-            self.labels.purpose(purpose),
+            outcome, reason, self.labels.model(model), service_type_label, self.labels.purpose(purpose)
         ).inc()
+        self.availability_by_country.labels(outcome, self.labels.launch_country(country), service_type_label).inc()
+
+    def chat_completion_latency(
+        self, result: str, seconds: float, *, model_label: str, service_type: str, purpose: str, country: str | None
+    ) -> None:
+        """A completion's latency and its by-country twin. `model_label` as the site chose it
+        (the raw model on success, the clamp otherwise)."""
+        self.completion_latency.labels(result, model_label, service_type, purpose).observe(seconds)
+        self.completion_latency_by_country.labels(
+            result, self.labels.launch_country(country), self.labels.service_type(service_type)
+        ).observe(seconds)
+
+    def exa_error(self, model: str, status: int, body: str, *, classified: bool) -> None:
+        """One sample of `mlpa_exa_errors_total` for LiteLLM's error answer (`status`, its raw
+        `body`), if the model is Exa's and the error is Exa's (`exa_errors.exa_error_labels`)."""
+        labels = exa_error_labels(model, status, body, classified=classified)
+        if labels is not None:
+            self.exa_errors.labels(*labels).inc()
+
+    def chat_ttft(self, seconds: float, *, model: str, service_type: str, country: str | None) -> None:
+        """Time to first token and its by-country twin."""
+        self.ttft.labels(model).observe(seconds)
+        self.ttft_by_country.labels(self.labels.launch_country(country), self.labels.service_type(service_type)).observe(
+            seconds
+        )
 
     def chat_rejection(self, reason: str, *, model: str | None, service_type: str, purpose: str) -> None:
         self.chat_rejections.labels(

@@ -45,6 +45,9 @@ CREDENTIAL_FIELDS = frozenset(
         "mlpa_ui_access_key",
         "mlpa-ui-access-key",
         "x-litellm-api-key",
+        # A client's own LiteLLM key (MLPA 1.0.39), as a header and as a field name.
+        "litellm-virtual-key",
+        "litellm_virtual_key",
         "api_key",
         "cookie",
         "set-cookie",

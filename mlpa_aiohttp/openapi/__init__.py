@@ -19,6 +19,7 @@ from .. import headers as header_names
 from ..catalog import BUILTIN_CATALOG, DEFAULT_CHAT_SERVICE_TYPE, DEFAULT_SEARCH_SERVICE_TYPE, Catalog
 from ..errors import (
     CODE_BUDGET_EXCEEDED,
+    CODE_GLOBAL_BUDGET_EXCEEDED,
     CODE_INVALID_MODEL_NAME,
     CODE_INVALID_REQUEST,
     CODE_PAYLOAD_TOO_LARGE,
@@ -27,6 +28,7 @@ from ..errors import (
     CODE_TOO_MANY_STREAMS,
     CODE_UPSTREAM_RATE_LIMITED,
     GENERIC_UPSTREAM_MESSAGE,
+    GLOBAL_BUDGET_RETRY_AFTER_SECONDS,
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
 from ..models import ChatBody, SearchRequest
@@ -53,6 +55,7 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_UPSTREAM_RATE_LIMITED}: upstream throttling without rate-limit wording (429, `Retry-After: {UPSTREAM_RATE_LIMITED.retry_after}`); a provider 429 wrapped by LiteLLM is {CODE_RATE_LIMITED}
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)
+* {CODE_GLOBAL_BUDGET_EXCEEDED}: the service's own (global) LiteLLM budget is spent (500, `Retry-After: {GLOBAL_BUDGET_RETRY_AFTER_SECONDS}`)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
   (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)"""
 
@@ -106,7 +109,8 @@ _RETRY_AFTER = {
         "description": (
             f"Seconds to wait ({BUDGET_EXCEEDED.retry_after} for code {CODE_BUDGET_EXCEEDED}, "
             f"{RATE_LIMITED.retry_after} for {CODE_RATE_LIMITED}, {UPSTREAM_RATE_LIMITED.retry_after} for "
-            f"{CODE_UPSTREAM_RATE_LIMITED}, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS})"
+            f"{CODE_UPSTREAM_RATE_LIMITED}, {GLOBAL_BUDGET_RETRY_AFTER_SECONDS} for {CODE_GLOBAL_BUDGET_EXCEEDED}, "
+            f"{TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS})"
         ),
         "schema": {"type": "integer"},
     }
@@ -154,6 +158,12 @@ def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default:
             "Authenticate with an MLPA access token from `POST /verify/play` (`Authorization: Bearer <token>`).",
             _BOOL_HEADER,
         ),
+        _header(
+            header_names.LITELLM_VIRTUAL_KEY,
+            "The caller's own LiteLLM virtual key, sent to LiteLLM instead of the service's (whitespace trimmed; "
+            "blank: the service's). Honoured only when the server sets `ALLOW_CUSTOM_VIRTUAL_KEY=true`, "
+            "ignored otherwise; not checked by the service (a key LiteLLM does not know is LiteLLM's error).",
+        ),
         _header(header_names.GEO_COUNTRY, "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
         _header(header_names.SESSION_ID, "Client session id (logging only)."),
     ]
@@ -184,10 +194,15 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
         "422": _json(_ref("HTTPValidationError"), "Invalid headers or body."),
         "429": _json(
             _ref("DetailErrorCode"),
-            "Budget or rate limit (codes 1, 2, 5), or too many open streams (code 10, streamed chat only).",
+            f"Budget or rate limit (codes 1, 2, 5), or too many open streams (code {CODE_TOO_MANY_STREAMS}, streamed chat only).",
             headers=_RETRY_AFTER,
         ),
-        "500": _json(_ref("DetailAny"), "User provisioning failed or an unexpected error."),
+        "500": _json(
+            _ref("DetailAny"),
+            f"The service's global budget is spent (`{{\"detail\": {{\"error\": {CODE_GLOBAL_BUDGET_EXCEEDED}}}}}`, "
+            f"`Retry-After: {GLOBAL_BUDGET_RETRY_AFTER_SECONDS}`), user provisioning failed, or an unexpected error.",
+            headers=_RETRY_AFTER,
+        ),
         "502": _json(_ref("DetailErrorMessage"), "LiteLLM could not be reached: `{\"detail\": {\"error\": \"Failed to proxy request\"}}`."),
     }
 
@@ -305,7 +320,7 @@ def _components(catalog: Catalog) -> Schema:
         "schemas": {
             "ErrorCode": {
                 "type": "object",
-                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_TOO_MANY_STREAMS]}},
+                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_GLOBAL_BUDGET_EXCEEDED, CODE_TOO_MANY_STREAMS]}},
                 "required": ["error"],
             },
             "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},

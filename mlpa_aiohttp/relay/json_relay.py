@@ -23,6 +23,8 @@ from .outcome import CompletionOutcome, Usage
 log = structlog.get_logger(__name__)
 
 PROXY_FAILED_MESSAGE = "Failed to proxy request"
+# The model of every search: LiteLLM's Exa search tool.
+SEARCH_MODEL = "exa-search"
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ValueError)
 
 
@@ -40,13 +42,19 @@ def _error(verdict: Classification | Unclassified, *, debug: bool) -> ApiError:
 
 
 async def relay_completion(
-    request: web.Request, *, client: LiteLLMClient, body: UpstreamBody, outcome: CompletionOutcome, debug: bool
+    request: web.Request,
+    *,
+    client: LiteLLMClient,
+    body: UpstreamBody,
+    outcome: CompletionOutcome,
+    debug: bool,
+    virtual_key: str | None = None,
 ) -> web.Response:
     """The completion's JSON, or its error raised; either way its ending is recorded once
-    (relay/ending.py)."""
+    (relay/ending.py). `virtual_key`: the client's own LiteLLM key, or None."""
     payload: Any = None
     try:
-        async with client.completion(body, stream=False) as upstream:
+        async with client.completion(body, stream=False, virtual_key=virtual_key) as upstream:
             text = await upstream.text()
             status, headers = upstream.status, upstream.headers
             if 200 <= status < 300:
@@ -63,6 +71,7 @@ async def relay_completion(
             ending = endings.Completed(_usage_of(payload), RoutingInfo.from_headers(headers))
         else:
             verdict = judge_response(status, text, relay="completion")
+            outcome.upstream_answered(status, text, verdict)
             ending = endings.refused(verdict)
     endings.record(request, outcome, ending)
     if isinstance(ending, endings.Completed):
@@ -110,21 +119,25 @@ async def relay_search(
     service_type: str,
     purpose: str,
     debug: bool,
+    virtual_key: str | None = None,
 ) -> web.Response:
     started = time.monotonic()
     result = "error"
     try:
         try:
-            reply = await client.search(body)
+            reply = await client.search(body, virtual_key=virtual_key)
             if 200 <= reply.status < 300:
                 payload = json.loads(reply.text)
         except _TRANSPORT_ERRORS as exc:
             raise _error(judge_failure(exc, relay="search"), debug=debug) from None
         if not 200 <= reply.status < 300:
             verdict = judge_response(reply.status, reply.text, relay="search")
+            metrics.exa_error(
+                SEARCH_MODEL, reply.status, reply.text, classified=isinstance(verdict, Classification)
+            )
             if isinstance(verdict, Classification):
                 metrics.search_rejections.labels(
-                    verdict.rejection_reason, "exa-search", metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
+                    verdict.rejection_reason, SEARCH_MODEL, metrics.labels.service_type(service_type), metrics.labels.purpose(purpose)
                 ).inc()
             raise _error(verdict, debug=debug)
         result = "success"

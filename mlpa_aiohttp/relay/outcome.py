@@ -14,6 +14,7 @@ from ..errors import Classification
 from ..observability import log_context
 from ..observability.metrics import Metrics
 from ..upstream.routing import RoutingInfo
+from .judgment import Unclassified
 
 if TYPE_CHECKING:
     from .sse import StreamAccountant
@@ -32,20 +33,33 @@ class Usage:
 
 
 class CompletionOutcome:
-    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started")
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "country", "_started")
 
-    def __init__(self, metrics: Metrics, *, model: str, service_type: str, purpose: str, started: float) -> None:
+    def __init__(
+        self, metrics: Metrics, *, model: str, service_type: str, purpose: str, country: str | None, started: float
+    ) -> None:
         self._metrics = metrics
         self.model = model
         self.service_type = service_type
         self.purpose = purpose
+        # The raw `X-Geo-Country` value, for the by-country twins (MLPA 1.0.39).
+        self.country = country
         self._started = started
 
     def _finish(self, result: str, model_label: str, availability_reason: str) -> None:
         elapsed = time.monotonic() - self._started
         m = self._metrics
-        m.completion_latency.labels(result, model_label, self.service_type, self.purpose).observe(elapsed)
-        m.chat_availability(availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose)
+        m.chat_completion_latency(
+            result,
+            elapsed,
+            model_label=model_label,
+            service_type=self.service_type,
+            purpose=self.purpose,
+            country=self.country,
+        )
+        m.chat_availability(
+            availability_reason, model=self.model, service_type=self.service_type, purpose=self.purpose, country=self.country
+        )
         log_context.bind(result=result, completion_seconds=round(elapsed, 4))
 
     def succeeded(self, usage: Usage, routing: RoutingInfo) -> None:
@@ -82,6 +96,12 @@ class CompletionOutcome:
             litellm_duration_seconds=routing.duration_seconds,
             litellm_cost_usd=routing.cost_usd,
         )
+
+    def upstream_answered(self, status: int, body: str, verdict: Classification | Unclassified) -> None:
+        """LiteLLM answered this completion with an error status (before any chunk): the
+        Exa error counter, for the Exa-backed models (after the classifier, before the
+        rejection counter, as the reference records it)."""
+        self._metrics.exa_error(self.model, status, body, classified=isinstance(verdict, Classification))
 
     def rejected(self, classification: Classification) -> None:
         self._finish("error", self._metrics.labels.model(self.model), classification.availability_reason)

@@ -57,6 +57,7 @@ class StreamRelay:
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
         "_response", "_upstream", "_task", "_handle", "_accountant", "_delivery", "_keepalive", "_fast_path",
+        "_virtual_key",
     )  # fmt: skip
 
     def __init__(
@@ -72,8 +73,11 @@ class StreamRelay:
         started: float,
         keepalive: FirstByteKeepAlive | None = None,
         fast_path: TakeOver = None,
+        virtual_key: str | None = None,
     ) -> None:
         self._request = request
+        # The client's own LiteLLM key (`litellm-virtual-key`), or None for the service's.
+        self._virtual_key = virtual_key
         self._client = client
         self._body = body
         self._outcome = outcome
@@ -88,7 +92,7 @@ class StreamRelay:
         self._accountant = sse.StreamAccountant()
         # The TTFT observer must not hold `self`: a bound method here would be a reference
         # cycle (relay -> delivery -> relay) that only the cyclic collector frees.
-        self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome.model, started))
+        self._delivery = Delivery(self._handle, self._accountant, _ttft_observer(metrics, outcome, started))
         # Set only for a stream that opted into keep-alive lines (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
@@ -149,12 +153,14 @@ class StreamRelay:
 
     async def _relay(self) -> endings.Ending:
         try:
-            async with self._client.completion(self._body, stream=True) as upstream:
+            async with self._client.completion(self._body, stream=True, virtual_key=self._virtual_key) as upstream:
                 self._upstream = upstream
                 self._handle.upstream_open = True
                 if upstream.status >= 300:
                     text = await read_error_body(upstream)
-                    return endings.refused(judge_response(upstream.status, text, relay="stream"))
+                    verdict = judge_response(upstream.status, text, relay="stream")
+                    self._outcome.upstream_answered(upstream.status, text, verdict)
+                    return endings.refused(verdict)
                 routing = RoutingInfo.from_headers(upstream.headers)
                 if self._keepalive is not None:
                     await self._first_byte(upstream)
@@ -216,10 +222,12 @@ class StreamRelay:
             pass
 
 
-def _ttft_observer(metrics: Metrics, model: str, started: float) -> Callable[[], None]:
-    """What the stream's first relayed byte records: its time to first token."""
+def _ttft_observer(metrics: Metrics, outcome: CompletionOutcome, started: float) -> Callable[[], None]:
+    """What the stream's first relayed byte records: its time to first token (and its
+    by-country twin)."""
+    model, service_type, country = outcome.model, outcome.service_type, outcome.country
 
     def observe() -> None:
-        metrics.ttft.labels(model).observe(time.monotonic() - started)
+        metrics.chat_ttft(time.monotonic() - started, model=model, service_type=service_type, country=country)
 
     return observe

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
-from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
+from ..headers import GEO_COUNTRY, LITELLM_VIRTUAL_KEY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
@@ -59,6 +59,15 @@ async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_b
     return principal
 
 
+def custom_virtual_key(request: web.Request) -> str | None:
+    """The client's own LiteLLM key (`litellm-virtual-key`, MLPA 1.0.39), when
+    ALLOW_CUSTOM_VIRTUAL_KEY allows it and the trimmed value is not blank; else None, the
+    service's key. Not checked here: a key LiteLLM does not know is LiteLLM's to refuse."""
+    if not request.app[keys.SETTINGS].upstream.allow_custom_virtual_key:
+        return None
+    return request.headers.get(LITELLM_VIRTUAL_KEY, "").strip() or None
+
+
 def _count_country(request: web.Request, service_type: str, model_label: str) -> None:
     """Once the caller is authenticated (compatibility.md §6: chat and search alike)."""
     request.app[keys.METRICS].requests_by_country.labels(
@@ -69,11 +78,13 @@ def _count_country(request: web.Request, service_type: str, model_label: str) ->
 @dataclass(frozen=True, slots=True)
 class ChatLabels:
     """The labels of a chat request's availability and rejection samples. The purpose is
-    the header's, trimmed: the same value the authenticated principal carries."""
+    the header's, trimmed: the same value the authenticated principal carries. `country`
+    is the raw `X-Geo-Country` value, for the by-country availability twin."""
 
     model: str
     service_type: str
     purpose: str
+    country: str | None
 
 
 @contextmanager
@@ -88,7 +99,7 @@ def refusals_recorded(metrics: Metrics, labels: ChatLabels) -> Iterator[None]:
         if error.rejection_reason is not None:
             metrics.chat_rejection(error.rejection_reason, **kwargs)
         if error.availability_reason is not None:
-            metrics.chat_availability(error.availability_reason, **kwargs)
+            metrics.chat_availability(error.availability_reason, country=labels.country, **kwargs)
         raise
 
 
@@ -100,7 +111,7 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     rules, metrics = request.app[keys.REQUEST_RULES], request.app[keys.METRICS]
     headers, chat = rules.parse_chat(raw_body, request.headers)
     log_context.bind(model=chat.model)
-    labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip())
+    labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip(), request.headers.get(GEO_COUNTRY))
     with refusals_recorded(metrics, labels):
         check_model_name(chat.model)
         rules.check_model_service_type(chat.model, headers.service_type)
@@ -119,6 +130,8 @@ class PreparedCompletion:
     outcome: CompletionOutcome
     # The LiteLLM end user `uid:service_type`: the identity a stream slot is held for.
     user_id: str
+    # The client's own LiteLLM key, or None for MLPA_VIRTUAL_KEY.
+    virtual_key: str | None = None
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -139,6 +152,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             started=started,
             keepalive=_keepalive_for(request, completion),
             fast_path=app[keys.RELAY_FAST_PATH],
+            virtual_key=completion.virtual_key,
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
@@ -152,7 +166,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # hang-up (a CancelledError from the connection-lost callback), shutdown.
             slots.give_back(completion.user_id)
     return await relay_completion(
-        request, client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
+        request,
+        client=client,
+        body=completion.body,
+        outcome=completion.outcome,
+        debug=settings.server.debug,
+        virtual_key=completion.virtual_key,
     )
 
 
@@ -171,7 +190,7 @@ def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> Firs
 
 
 def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> None:
-    """Claim one of the caller's open-stream slots or refuse with 429, error 10. No await
+    """Claim one of the caller's open-stream slots or refuse with 429, error 11. No await
     between the check and the claim (StreamSlots.try_take is synchronous)."""
     slots = request.app[keys.STREAM_SLOTS]
     if slots.try_take(completion.user_id):
@@ -186,19 +205,32 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
-    labels = ChatLabels(chat.model, principal.service_type, principal.purpose)
+    country = request.headers.get(GEO_COUNTRY)
+    labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
     with refusals_recorded(metrics, labels):
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
-        body=completion_body(chat, user=principal.user_id, defaults=settings.completion),
+        body=completion_body(
+            chat,
+            user=principal.user_id,
+            defaults=settings.completion,
+            purpose=principal.purpose,
+            country=country,
+        ),
         stream=chat.stream,
         labels=labels,
         outcome=CompletionOutcome(
-            metrics, model=chat.model, service_type=labels.service_type, purpose=labels.purpose, started=started
+            metrics,
+            model=chat.model,
+            service_type=labels.service_type,
+            purpose=labels.purpose,
+            country=country,
+            started=started,
         ),
         user_id=principal.user_id,
+        virtual_key=custom_virtual_key(request),
     )
 
 
@@ -217,9 +249,10 @@ async def search(request: web.Request) -> web.Response:
     await app[keys.PROVISIONER].provision(principal.user_id)
     return await relay_search(
         client=app[keys.LITELLM],
-        body=search_body(query, user=principal.user_id, service_type=service_type, purpose=purpose),
+        body=search_body(query, user=principal.user_id),
         metrics=app[keys.METRICS],
         service_type=service_type,
         purpose=purpose,
         debug=app[keys.SETTINGS].server.debug,
+        virtual_key=custom_virtual_key(request),
     )

@@ -23,7 +23,7 @@ from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, TypeVar, get_type_hints, overload
 
-from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
+from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType
 from ..catalog.file import CatalogError, load_catalog
 from .compat import with_reference_aliases
 
@@ -269,8 +269,9 @@ def _capped_service_types(env: _Env, catalog: Catalog) -> frozenset[str]:
 def _budgets(env: _Env, catalog: Catalog) -> Mapping[str, BudgetTier]:
     """USER_FEATURE_BUDGET_<SERVICE TYPE>_<FIELD> on top of each tier of the catalogue."""
     tiers = {}
+    infixes = catalog.budget_infixes
     for service_type, tier in catalog.budgets.items():
-        prefix = f"USER_FEATURE_BUDGET_{env_name(service_type)}_"
+        prefix = f"USER_FEATURE_BUDGET_{infixes[service_type]}_"
         tiers[service_type] = BudgetTier(
             budget_id=env.str(prefix + "BUDGET_ID", tier.budget_id),
             max_budget=env.float(prefix + "MAX_BUDGET", tier.max_budget, minimum=0.0),
@@ -557,6 +558,13 @@ class UpstreamSettings:
         3.0,
         minimum=0.0,
         meaning="No retry starts (its backoff included) later than this after the first attempt.",
+    )
+    # MLPA 1.0.39 (compatibility.md §4.2): a client may name the LiteLLM key of its request.
+    allow_custom_virtual_key: bool = variable(
+        "ALLOW_CUSTOM_VIRTUAL_KEY",
+        False,
+        meaning="Honour the `litellm-virtual-key` request header on chat and search: its trimmed value (blank:"
+        " `MLPA_VIRTUAL_KEY`) is the key sent to LiteLLM. Off: the header is ignored.",
     )
 
     def url(self, path: str) -> str:
@@ -869,6 +877,13 @@ class ObservabilitySettings:
         meaning="Directory of the metrics' multi-process files, for several workers; emptied at start."
         " Unset: one process.",
     )
+    # MLPA 1.0.39: the `client_country` of the by-country chat metrics keeps these, else "other".
+    launch_countries: frozenset[str] = variable(
+        "MLPA_LAUNCH_COUNTRIES",
+        frozenset({"US", "CA", "FR", "DE"}),
+        meaning="Countries (`X-Geo-Country` values, case-sensitive) the by-country chat metrics name;"
+        " any other country, or none, is `other`. Comma-separated.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -881,7 +896,7 @@ class StreamLimitSettings:
         "MAX_CONCURRENT_STREAMS_PER_USER",
         0,
         minimum=0,
-        meaning="Open streams one user (`uid:service_type`) may hold per worker; the next gets 429, error 10"
+        meaning="Open streams one user (`uid:service_type`) may hold per worker; the next gets 429, error 11"
         " (0: no cap).",
     )
     keepalive_seconds: float = variable(

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import Field, dataclass, fields, is_dataclass
 from typing import Any, get_type_hints
 
-from ..catalog import BUILTIN_CATALOG, env_name
+from ..catalog import BUILTIN_CATALOG
 from . import (
     DEBUG_DEFAULTS,
     DEMO_DEFAULTS,
@@ -258,7 +258,8 @@ def _reference_names() -> list[str]:
 def _tier_table(entries: tuple[Entry, ...]) -> list[str]:
     tiered = [entry for entry in entries if entry.tier_field]
     lines = [
-        f"`{TYPE_PLACEHOLDER}` is a service type of the catalogue, upper-cased, `-` written `_`. Each variable",
+        f"`{TYPE_PLACEHOLDER}` is a service type of the catalogue, upper-cased, `-` written `_` (unless its entry names",
+        "another: the built-in `liner-answer`'s is the reference's `LINER_ANSWERS`). Each variable",
         "set replaces that value of the type's tier in the catalogue; the built-in tiers:",
         "",
         "| service type | " + " | ".join(f"`…_{entry.name.rsplit(TYPE_PLACEHOLDER + '_', 1)[1]}`" for entry in tiered) + " |",
@@ -266,7 +267,7 @@ def _tier_table(entries: tuple[Entry, ...]) -> list[str]:
     ]
     for service_type, tier in BUILTIN_CATALOG.budgets.items():
         values = [_env_text(getattr(tier, entry.tier_field)) for entry in tiered if entry.tier_field]
-        lines.append(f"| `{service_type}` (`{env_name(service_type)}`) | " + " | ".join(f"`{v}`" for v in values) + " |")
+        lines.append(f"| `{service_type}` (`{BUILTIN_CATALOG.budget_infixes[service_type]}`) | " + " | ".join(f"`{v}`" for v in values) + " |")
     return lines
 
 
@@ -314,7 +315,7 @@ def _tier_lines(tiered: list[Entry]) -> list[str]:
     for service_type, tier in BUILTIN_CATALOG.budgets.items():
         for entry in tiered:
             assert entry.tier_field is not None
-            name = entry.name.replace(TYPE_PLACEHOLDER, env_name(service_type))
+            name = entry.name.replace(TYPE_PLACEHOLDER, BUILTIN_CATALOG.budget_infixes[service_type])
             lines += [*_comment(f"{service_type}: {entry.meaning}"), f"#{name}={_env_text(getattr(tier, entry.tier_field))}"]
     return lines
 

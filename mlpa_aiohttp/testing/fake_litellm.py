@@ -96,6 +96,16 @@ class Scenario(enum.StrEnum):
     SERVER_500 = "server_500"
     BAD_GATEWAY_502 = "bad_gateway_502"
     SERVICE_UNAVAILABLE_503 = "service_unavailable_503"
+    # The budget of the LiteLLM user owning the proxy's virtual key (`default_user_id`) is
+    # spent: at the reference's status, and at LiteLLM 1.106.12's budget status.
+    GLOBAL_BUDGET_400 = "global_budget_400"
+    GLOBAL_BUDGET_422 = "global_budget_422"
+    # Exa (search and the `exa` model) failing behind LiteLLM, its error object (with its
+    # `tag`) JSON-escaped inside LiteLLM's message.
+    EXA_OVERLOADED_500 = "exa_overloaded_500"
+    EXA_RATE_LIMIT_429 = "exa_rate_limit_429"
+    # A bare 500 with no JSON and no tag.
+    INTERNAL_SERVER_ERROR_500 = "internal_server_error_500"
     RESET_BEFORE_RESPONSE = "reset_before_response"  # the connection is cut before any byte
 
 
@@ -209,6 +219,17 @@ IN_BAND_ERROR_EVENT = (
     ).encode()
     + b"\n\n"
 )
+
+# LiteLLM's user-budget check, for the user that owns the virtual key (the reference's
+# `default_user_id`, made by its key script).
+_GLOBAL_BUDGET_MESSAGE = "ExceededBudget: User=default_user_id over budget. Spend=100.02, Budget=100.0"
+
+
+def _exa_error(exception: str, error: str, tag: str) -> str:
+    """LiteLLM's message around Exa's own error object `{requestId, error, tag}`."""
+    exa = json.dumps({"requestId": "b2c7f0e4a1d94e6c", "error": error, "tag": tag}, separators=(",", ":"))
+    return f"litellm.{exception}: Exa_aiException - {exa}"
+
 
 ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
     {
@@ -357,6 +378,27 @@ ERROR_RESPONSES: Mapping[Scenario, CannedError] = MappingProxyType(
         # What an edge proxy in front of LiteLLM answers, not LiteLLM itself.
         Scenario.BAD_GATEWAY_502: _text_error(502, "Bad Gateway"),
         Scenario.SERVICE_UNAVAILABLE_503: _text_error(503, "Service Unavailable"),
+        Scenario.GLOBAL_BUDGET_400: _json_error(
+            400, _litellm_error_object(_GLOBAL_BUDGET_MESSAGE, "budget_exceeded", 400)
+        ),
+        Scenario.GLOBAL_BUDGET_422: _json_error(
+            422, _litellm_error_object(_GLOBAL_BUDGET_MESSAGE, "budget_exceeded", 422)
+        ),
+        Scenario.EXA_OVERLOADED_500: _json_error(
+            500,
+            _litellm_error_object(
+                _exa_error("APIConnectionError", "Service is temporarily overloaded", "SERVICE_OVERLOADED"),
+                None,
+                500,
+            ),
+        ),
+        Scenario.EXA_RATE_LIMIT_429: _json_error(
+            429,
+            _litellm_error_object(
+                _exa_error("RateLimitError", "Too many requests", "RATE_LIMIT_EXCEEDED"), "throttling_error", 429
+            ),
+        ),
+        Scenario.INTERNAL_SERVER_ERROR_500: _text_error(500, "Internal Server Error"),
     }
 )
 
@@ -505,6 +547,12 @@ class RecordedRequest:
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     # The streamed body as written, when the fake's `record_sent_streams` is on.
     sent: bytearray | None = None
+
+    @property
+    def bearer(self) -> str | None:
+        """The key of the request's `Authorization: Bearer <key>`, as received."""
+        header = self.headers.get("authorization", "")
+        return header[len("Bearer ") :] if header.startswith("Bearer ") else None
 
     def mark_disconnected(self) -> None:
         self.disconnected_at = time.monotonic()
@@ -705,6 +753,9 @@ class FakeLiteLLM:
         keep_requests: int | None = None,
     ) -> None:
         self.virtual_key = virtual_key
+        # Other virtual keys LiteLLM knows (a client's `litellm-virtual-key`); completions
+        # and search accept any of them besides `virtual_key`.
+        self.other_virtual_keys: set[str] = set()
         self.master_key = master_key
         self.ttft = ttft
         self.chunks = chunks
@@ -884,6 +935,9 @@ class FakeLiteLLM:
             return True
         return request.headers.get("x-litellm-api-key", "") == key
 
+    def _authorized_by_a_virtual_key(self, request: web.Request) -> bool:
+        return any(self._authorized(request, key) for key in (self.virtual_key, *self.other_virtual_keys))
+
     @staticmethod
     def _unauthorized() -> web.Response:
         return web.json_response(
@@ -988,7 +1042,7 @@ class FakeLiteLLM:
 
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
         record = await self._record(request)
-        if not self._authorized(request, self.virtual_key):
+        if not self._authorized_by_a_virtual_key(request):
             return self._unauthorized()
         if not isinstance(record.json, dict):
             return self._bad_request("Invalid JSON body")
@@ -1228,7 +1282,7 @@ class FakeLiteLLM:
 
     async def _handle_search(self, request: web.Request) -> web.StreamResponse:
         record = await self._record(request)
-        if not self._authorized(request, self.virtual_key):
+        if not self._authorized_by_a_virtual_key(request):
             return self._unauthorized()
         if not isinstance(record.json, dict):
             return self._bad_request("Invalid JSON body")

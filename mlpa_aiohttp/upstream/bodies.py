@@ -37,7 +37,11 @@ class UpstreamBody:
         return data
 
 
-def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefaults) -> UpstreamBody:
+def completion_body(
+    request: ChatRequest, *, user: str, defaults: CompletionDefaults, purpose: str, country: str | None
+) -> UpstreamBody:
+    """`purpose` is the validated header's, `country` the raw `X-Geo-Country` value (MLPA
+    1.0.39 hands both to LiteLLM's spend logs, the country unclamped)."""
     body: dict[str, Any] = dict(request.fields)
     body.setdefault("messages", [])
     body.setdefault("temperature", defaults.temperature)
@@ -51,19 +55,14 @@ def completion_body(request: ChatRequest, *, user: str, defaults: CompletionDefa
     if request.stream:
         body["stream_options"] = {"include_usage": True}
     body["user"] = user
+    # Always set: `metadata` is no field a client may send (models.py), so nothing is merged.
+    body["metadata"] = {"spend_logs_metadata": {"purpose": purpose or "", "country_code": country or ""}}
     return UpstreamBody(encode_json(body))
 
 
-def search_body(request: SearchRequest, *, user: str, service_type: str, purpose: str) -> bytes:
-    return encode_json(
-        {
-            "query": request.query,
-            "max_results": request.max_results,
-            "user": user,
-            "service_type": service_type,
-            "purpose": purpose,
-        }
-    )
+def search_body(request: SearchRequest, *, user: str) -> bytes:
+    """MLPA 1.0.39: the query, its size and the end user only (no service type or purpose)."""
+    return encode_json({"query": request.query, "max_results": request.max_results, "user": user})
 
 
 # One encoder for every body (json.dumps with arguments builds one per call). No cycle

@@ -22,13 +22,28 @@ from typing import Any
 
 from ..errors import (
     CODE_BUDGET_EXCEEDED,
+    CODE_GLOBAL_BUDGET_EXCEEDED,
     CODE_INVALID_MODEL_NAME,
     CODE_INVALID_REQUEST,
     CODE_PAYLOAD_TOO_LARGE,
     CODE_RATE_LIMITED,
     CODE_UPSTREAM_RATE_LIMITED,
+    GLOBAL_BUDGET_RETRY_AFTER_SECONDS,
     Classification,
 )
+
+# The reference's code 10 (1.0.39): the shared virtual key's own LiteLLM user is over its
+# budget, so every request fails; a server-side condition, hence 500 and availability failure.
+GLOBAL_BUDGET_EXCEEDED = Classification(
+    status=500,
+    code=CODE_GLOBAL_BUDGET_EXCEEDED,
+    retry_after=GLOBAL_BUDGET_RETRY_AFTER_SECONDS,
+    rejection_reason="global_budget_exceeded",
+    availability_reason="global_budget_exceeded",
+    log_prefix="Global budget limit exceeded",
+)
+# LiteLLM's words for it, matched in the raw body (`default_user_id` owns the shared key).
+GLOBAL_BUDGET_MARKER = "ExceededBudget: User=default_user_id over budget"
 
 BUDGET_EXCEEDED = Classification(
     status=429,
@@ -109,6 +124,9 @@ def _parse_json(text: str) -> Any:
 
 def classify(status: int, body: str) -> Classification | None:
     """The classification of an upstream error, or None when it is unclassified."""
+    # compatibility.md D43: at any 4xx, as the budget rule below (LiteLLM's 422); before it.
+    if 400 <= status < 500 and GLOBAL_BUDGET_MARKER in body:
+        return GLOBAL_BUDGET_EXCEEDED
     parsed = _parse_json(body)
     if 400 <= status < 500 and "budget" in _error_text(parsed):
         return BUDGET_EXCEEDED

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -80,7 +80,7 @@ class UpstreamReply:
 
     status: int
     text: str
-    headers: dict[str, str]
+    headers: Mapping[str, str]
 
 
 # LiteLLM answers these when it (or its provider) is briefly unavailable; a 4xx is about
@@ -130,7 +130,7 @@ class LiteLLMClient:
         self._customer_info_url = settings.url("/customer/info")
         self._readiness_url = settings.url("/health/readiness")
         self._model_hub_url = settings.url("/public/model_hub/info")
-        self._virtual_headers = {
+        self._virtual_headers: Mapping[str, str] = {
             hdrs.AUTHORIZATION: f"Bearer {settings.virtual_key}",
             hdrs.CONTENT_TYPE: "application/json",
         }
@@ -158,38 +158,52 @@ class LiteLLMClient:
             sock_read=settings.search_timeout_seconds,
         )
 
+    def _key_headers(self, virtual_key: str | None) -> Mapping[str, str]:
+        """The headers of a completion or search: the client's own key (`litellm-virtual-key`,
+        already allowed and trimmed by the route) or the service's."""
+        if virtual_key is None:
+            return self._virtual_headers
+        return {hdrs.AUTHORIZATION: f"Bearer {virtual_key}", hdrs.CONTENT_TYPE: "application/json"}
+
     @contextlib.asynccontextmanager
-    async def completion(self, body: UpstreamBody, *, stream: bool) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def completion(
+        self, body: UpstreamBody, *, stream: bool, virtual_key: str | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
         """POST a completion; yields the response once its headers arrived. The body is
         taken from its holder: the conversation is not kept while the answer streams.
+        `virtual_key`: the client's own LiteLLM key instead of MLPA_VIRTUAL_KEY.
 
         Leaving the block releases the response, which closes a half-read upstream
         connection instead of returning it to the pool.
         """
+        headers = self._key_headers(virtual_key)
         # No local name for the body: this frame lives as long as the stream.
         if self._retry is None:
-            response = await self._post_completion(body.take(), stream)
+            response = await self._post_completion(body.take(), stream, headers)
         else:
-            response = await self._post_completion_with_retries(body.take(), stream, self._retry)
+            response = await self._post_completion_with_retries(body.take(), stream, headers, self._retry)
         try:
             yield response
         finally:
             response.release()
 
     async def _post_completion(
-        self, payload: bytes, stream: bool, resends: list[str] | None = None
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], resends: list[str] | None = None
     ) -> aiohttp.ClientResponse:
+        url = self._completions_url
         if stream:
             async with asyncio.timeout(self._stream_headers_deadline):
-                return await self._post_with_stale_retry(self._completions_url, payload, self._stream_timeout, resends)
-        return await self._post_with_stale_retry(self._completions_url, payload, self._read_timeout, resends)
+                return await self._post_with_stale_retry(url, payload, self._stream_timeout, headers, resends)
+        return await self._post_with_stale_retry(url, payload, self._read_timeout, headers, resends)
 
-    async def _attempt(self, payload: bytes, stream: bool, resends: list[str]) -> aiohttp.ClientResponse:
+    async def _attempt(
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], resends: list[str]
+    ) -> aiohttp.ClientResponse:
         """One try (with its stale-connection re-send); transient failures become `_Retryable`.
         Only failures before any response byte qualify: once headers are in, the caller
         owns the response, and nothing here runs after a byte reached the client."""
         try:
-            response = await self._post_completion(payload, stream, resends)
+            response = await self._post_completion(payload, stream, headers, resends)
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc, aiohttp.ClientConnectorCertificateError):
                 raise
@@ -201,7 +215,7 @@ class LiteLLMClient:
         return response
 
     async def _post_completion_with_retries(
-        self, payload: bytes, stream: bool, policy: RetryPolicy
+        self, payload: bytes, stream: bool, headers: Mapping[str, str], policy: RetryPolicy
     ) -> aiohttp.ClientResponse:
         """`_attempt` until it answers, the attempts are spent, or the next backoff would end
         past the budget; then the last failure is the answer (its response or its error).
@@ -216,7 +230,7 @@ class LiteLLMClient:
         retries = 0
         while True:
             try:
-                response = await self._attempt(payload, stream, reasons)
+                response = await self._attempt(payload, stream, headers, reasons)
             except _Retryable as failure:
                 retry = retries + 1
                 delay = policy.delay(retry)
@@ -238,8 +252,9 @@ class LiteLLMClient:
                 log.info("upstream_retried", retries=retries, reasons=reasons)
             return response
 
-    async def search(self, body: bytes) -> UpstreamReply:
-        response = await self._post_with_stale_retry(self._search_url, body, self._search_timeout)
+    async def search(self, body: bytes, *, virtual_key: str | None = None) -> UpstreamReply:
+        headers = self._key_headers(virtual_key)
+        response = await self._post_with_stale_retry(self._search_url, body, self._search_timeout, headers)
         async with response:
             return UpstreamReply(response.status, await response.text(), dict(response.headers))
 
@@ -248,7 +263,12 @@ class LiteLLMClient:
             self._metrics.upstream_retries.labels(reason).inc()
 
     async def _post_with_stale_retry(
-        self, url: str, body: bytes, timeout: aiohttp.ClientTimeout, resends: list[str] | None = None
+        self,
+        url: str,
+        body: bytes,
+        timeout: aiohttp.ClientTimeout,
+        headers: Mapping[str, str],
+        resends: list[str] | None = None,
     ) -> aiohttp.ClientResponse:
         """POST once, and once more only if a *reused* pooled connection turned out to be
         closed by the server before any response (compatibility.md D3). POST is not idempotent, so
@@ -257,7 +277,7 @@ class LiteLLMClient:
         logged, so that caller logs one line for the request."""
         with watching_connection() as connection:
             try:
-                return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
+                return await self._session.post(url, data=body, headers=headers, timeout=timeout)
             except aiohttp.ClientConnectorError:
                 raise
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
@@ -269,7 +289,7 @@ class LiteLLMClient:
             log.info("upstream_stale_connection_retry", error=error)
         else:
             resends.append("stale_connection")
-        return await self._session.post(url, data=body, headers=self._virtual_headers, timeout=timeout)
+        return await self._session.post(url, data=body, headers=headers, timeout=timeout)
 
     # -- admin calls (master key) ----------------------------------------------------
     async def create_customer(self, user_id: str, budget_id: str) -> None:

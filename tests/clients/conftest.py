@@ -25,7 +25,7 @@ KEEPALIVE_SECONDS = "0.05"
 # With keep-alive on, LiteLLM takes this long to its first token, so keep-alive bytes go out.
 KEEPALIVE_TTFT_SECONDS = 0.15
 
-# Every error the reference sends, and success; each client's test says what its user sees.
+# Every error the reference (1.0.39) sends, and success; each client's test says what its user sees.
 CASES = (
     "success",
     "budget_exceeded",
@@ -41,6 +41,7 @@ CASES = (
     "server_shutdown",
     "upstream_cut",
     "upstream_error_event",
+    "global_budget_exceeded",
 )
 # case -> the fake LiteLLM scenario the user's text asks for
 SCENARIOS = {
@@ -52,6 +53,8 @@ SCENARIOS = {
     "server_shutdown": "hang_after_headers",
     "upstream_cut": "mid_stream_error",
     "upstream_error_event": "mid_stream_error_event",
+    # MLPA 1.0.39's code 10: LiteLLM's own budget for the shared key is spent.
+    "global_budget_exceeded": "global_budget_400",
 }
 REQUEST_SIZE_LIMIT = 4096
 

@@ -34,6 +34,8 @@ SHOWN: dict[str, tuple[str | None, int | None]] = {
     "server_shutdown": (android.PARSE_ERROR, None),
     "upstream_cut": (android.PARSE_ERROR, None),
     "upstream_error_event": (android.PARSE_ERROR, None),
+    # The in-band code 10 is neither 1 nor 2: a server error, like 3 and 8.
+    "global_budget_exceeded": (android.SERVER_ERROR, 429),
 }
 assert set(SHOWN) == set(CASES)
 

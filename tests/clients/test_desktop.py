@@ -39,6 +39,7 @@ RAISED: dict[str, tuple[str, int | None, Any] | None] = {
     "server_shutdown": ("APIError", None, "Server shutting down"),
     "upstream_cut": ("APIError", None, GENERIC),
     "upstream_error_event": ("APIError", None, "error-object"),
+    "global_budget_exceeded": ("APIError", None, 10),
 }
 assert set(RAISED) == set(CASES)
 

@@ -47,6 +47,7 @@ SHOWN: dict[str, tuple[int, str | None]] = {
     "server_shutdown": (200, ios.GENERIC),
     "upstream_cut": (200, ios.GENERIC),
     "upstream_error_event": (200, ios.GENERIC),
+    "global_budget_exceeded": (200, ios.GENERIC),
 }
 assert set(SHOWN) == set(CASES)
 

@@ -1,5 +1,7 @@
 """What each client makes of the per-user stream cap (MAX_CONCURRENT_STREAMS_PER_USER, ours):
-429 `{"detail": {"error": 10}}` with `Retry-After: 5` while the caller holds its streams."""
+429 `{"detail": {"error": 11}}` with `Retry-After: 5` while the caller holds its streams (code 11
+since the reference took 10 for its global budget: compatibility.md D42; each client reads it
+as it read 10, by status or as an unknown code)."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_catalog_check_and_show(bad_file: Path, tmp_path: Path) -> None:
     for expected in EXPECTED_PROBLEMS:
         assert f"  - {bad_file}: {expected}" in refused.stderr
     shipped = cli("catalog", "check", str(REPO_ROOT / "config" / "catalog.toml"))
-    assert shipped.returncode == 0 and "13 service types" in shipped.stdout
+    assert shipped.returncode == 0 and "15 service types" in shipped.stdout
 
     # show: the file's catalogue with the variables applied, readable back as a file.
     shown = cli("catalog", "show", USER_FEATURE_BUDGET_AI_RPM_LIMIT="55", MLPA_CAPPED_SERVICE_TYPES="memories")
@@ -134,11 +134,11 @@ DRAIN_SECONDS = 15
 WORKERS = 2
 CHAT_PATH = "/v1/chat/completions"
 STREAMS = 4
-SW_ANSWER = ServiceTypeEntry("sw-answer", ("answer",), BudgetTier("end-user-budget-sw-answer", 0.1, 10, 2000, "1d"))
+DEEP_ANSWER = ServiceTypeEntry("deep-answer", ("answer",), BudgetTier("end-user-budget-deep-answer", 0.1, 10, 2000, "1d"))
 
 
 def with_sw_answer() -> Catalog:
-    return Catalog((*BUILTIN_CATALOG.service_types, SW_ANSWER), BUILTIN_CATALOG.search_types, BUILTIN_CATALOG.models)
+    return Catalog((*BUILTIN_CATALOG.service_types, DEEP_ANSWER), BUILTIN_CATALOG.search_types, BUILTIN_CATALOG.models)
 
 
 @contextlib.asynccontextmanager
@@ -209,7 +209,7 @@ async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm
         # A connection per request: an old worker closes its idle keep-alive connections
         # when it stops, which a client sees as a disconnect to retry, not as an answer.
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-            assert await chat_status(session, server, "sw-answer") == 422  # not in the catalogue yet
+            assert await chat_status(session, server, "deep-answer") == 422  # not in the catalogue yet
 
             fake.interval, fake.chunks = 0.1, 40  # about 4 s of stream each
             streams, responses = await open_streams(server, STREAMS)
@@ -220,7 +220,7 @@ async def test_hup_serves_the_new_catalogue_and_cuts_no_open_stream(fake_litellm
 
                 # New workers take new requests with the new catalogue.
                 await until_served(
-                    server, lambda: chat_status(session, server, "sw-answer", purpose="answer"), 200, "the new catalogue"
+                    server, lambda: chat_status(session, server, "deep-answer", purpose="answer"), 200, "the new catalogue"
                 )
                 for body in await bodies:
                     assert body.endswith(DONE), body[-200:]
@@ -265,10 +265,10 @@ async def test_hup_with_a_broken_file_keeps_the_last_good_catalogue(fake_litellm
                 for own in streams:
                     await own.close()
             await until_logged(server, "Worker exiting", WORKERS)
-            # The old catalogue, from the new workers: ai is served, sw-answer still unknown.
+            # The old catalogue, from the new workers: ai is served, deep-answer still unknown.
             for _ in range(5):
                 assert await served("ai") == 200
-                assert await served("sw-answer", purpose="answer") == 422
+                assert await served("deep-answer", purpose="answer") == 422
             assert server.process.poll() is None
 
             events = json_lines(server.output(), "gunicorn")
@@ -281,7 +281,7 @@ async def test_hup_with_a_broken_file_keeps_the_last_good_catalogue(fake_litellm
             # Fixed, with a new type: the next HUP takes it.
             catalog_file.write_text(render_catalog(with_sw_answer()))
             server.process.send_signal(signal.SIGHUP)
-            await until_served(server, lambda: served("sw-answer", purpose="answer"), 200, "the fixed catalogue")
+            await until_served(server, lambda: served("deep-answer", purpose="answer"), 200, "the fixed catalogue")
             await until_logged(server, "Worker ready", 3 * WORKERS)
             assert server.output().count("catalog_file_refused") == 1
 

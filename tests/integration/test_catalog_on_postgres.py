@@ -20,16 +20,16 @@ from .conftest import PgServiceFactory
 pytestmark = pytest.mark.postgres
 
 # The iOS quick answers of a pilot: a type, its purpose, its tier and its own model.
-LINER = ServiceTypeEntry(
-    "liner-answer",
+BRIEF = ServiceTypeEntry(
+    "brief-answer",
     ("quick-answer", "follow-up"),
-    BudgetTier("end-user-budget-liner-answer", 0.25, 12, 3000, "1d"),
+    BudgetTier("end-user-budget-brief-answer", 0.25, 12, 3000, "1d"),
     capped=True,
 )
-WITH_LINER = Catalog(
-    (*BUILTIN_CATALOG.service_types, LINER),
+WITH_BRIEF = Catalog(
+    (*BUILTIN_CATALOG.service_types, BRIEF),
     BUILTIN_CATALOG.search_types,
-    (*BUILTIN_CATALOG.models, ModelEntry("liner", pinned_to=("liner-answer",))),
+    (*BUILTIN_CATALOG.models, ModelEntry("brief", pinned_to=("brief-answer",))),
 )
 
 ServiceOnFile = Callable[[Catalog], Awaitable[Service]]
@@ -48,60 +48,60 @@ def service_on_file(make_pg_service: PgServiceFactory, tmp_path: Path) -> Servic
 
 
 async def test_a_new_service_type_works_end_to_end_from_the_file_alone(service_on_file: ServiceOnFile, pools: Pools) -> None:
-    service = await service_on_file(WITH_LINER)
+    service = await service_on_file(WITH_BRIEF)
     tier = await pools.litellm.fetchrow(
         'SELECT max_budget, rpm_limit, tpm_limit, budget_duration FROM "LiteLLM_BudgetTable" WHERE budget_id = $1',
-        "end-user-budget-liner-answer",
+        "end-user-budget-brief-answer",
     )
     assert tier is not None and tuple(tier) == (0.25, 12, 3000, "1d")
-    assert await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_BudgetTable"') == 14
+    assert await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_BudgetTable"') == 16
 
-    liner = service.headers(service_type="liner-answer", purpose="quick-answer")
-    response = await service.chat(chat_body(stream=True, model="liner"), headers=liner)
+    brief = service.headers(service_type="brief-answer", purpose="quick-answer")
+    response = await service.chat(chat_body(stream=True, model="brief"), headers=brief)
     assert response.status == 200
     assert (await response.read()).endswith(b"data: [DONE]\n\n")
     sent = [r for r in service.litellm.requests if r.path == "/v1/chat/completions"][-1]
-    assert (sent.json["user"], sent.json["model"]) == ("ios-uid:liner-answer", "liner")
-    row = await pools.litellm.fetchrow('SELECT budget_id FROM "LiteLLM_EndUserTable" WHERE user_id = $1', "ios-uid:liner-answer")
-    assert row is not None and row["budget_id"] == "end-user-budget-liner-answer"
+    assert (sent.json["user"], sent.json["model"]) == ("ios-uid:brief-answer", "brief")
+    row = await pools.litellm.fetchrow('SELECT budget_id FROM "LiteLLM_EndUserTable" WHERE user_id = $1', "ios-uid:brief-answer")
+    assert row is not None and row["budget_id"] == "end-user-budget-brief-answer"
     # The file made it capped: the one slot is this identity's.
     assert await pools.app.fetchval("SELECT current_identities FROM mlpa_user_capacity WHERE id = 1") == 1
 
-    usage = await service.client.get("/v1/usage", headers=liner)
+    usage = await service.client.get("/v1/usage", headers=brief)
     assert (await usage.json())["rpm_limit"] == 12 and (await usage.json())["max_budget"] == 0.25
 
     # Its pinning and its purposes are the file's.
-    other_model = await service.chat(chat_body(model="gpt-oss-120b"), headers=liner)
+    other_model = await service.chat(chat_body(model="gpt-oss-120b"), headers=brief)
     assert (other_model.status, await other_model.json()) == (
         400,
-        {"detail": "Invalid service-type value liner-answer for model gpt-oss-120b. "
-         "Service type liner-answer is only valid for models ['liner']"},
+        {"detail": "Invalid service-type value brief-answer for model gpt-oss-120b. "
+         "Service type brief-answer is only valid for models ['brief']"},
     )
-    wrong_type = await service.chat(chat_body(model="liner"))
-    assert (await wrong_type.json()) == {"detail": "Invalid service-type value for model liner. Should be one of ['liner-answer']"}
-    wrong_purpose = await service.chat(chat_body(model="liner"), headers={**liner, "purpose": "chat"})
+    wrong_type = await service.chat(chat_body(model="brief"))
+    assert (await wrong_type.json()) == {"detail": "Invalid service-type value for model brief. Should be one of ['brief-answer']"}
+    wrong_purpose = await service.chat(chat_body(model="brief"), headers={**brief, "purpose": "chat"})
     assert (wrong_purpose.status, await wrong_purpose.json()) == (
         400,
-        {"detail": "Invalid header 'purpose' for service-type 'liner-answer'. Valid values: quick-answer, follow-up"},
+        {"detail": "Invalid header 'purpose' for service-type 'brief-answer'. Valid values: quick-answer, follow-up"},
     )
-    unknown = await service.chat(headers=service.headers(service_type="sw-answer"))
+    unknown = await service.chat(headers=service.headers(service_type="deep-answer"))
     assert unknown.status == 422
-    assert (await unknown.json())["detail"][0]["msg"].endswith("'search-dev' or 'liner-answer'")
+    assert (await unknown.json())["detail"][0]["msg"].endswith("'search-dev' or 'brief-answer'")
 
     document = await (await service.client.get("/openapi.json")).json()
     (header,) = [p for p in document["paths"]["/v1/chat/completions"]["post"]["parameters"] if p["name"] == "service-type"]
-    assert header["schema"]["enum"][-1] == "liner-answer"
+    assert header["schema"]["enum"][-1] == "brief-answer"
     (purpose,) = [p for p in document["paths"]["/v1/chat/completions"]["post"]["parameters"] if p["name"] == "purpose"]
     assert {"quick-answer", "follow-up"} <= set(purpose["schema"]["enum"])
 
     exposition = await (await service.client.get("/metrics")).text()
     assert (
         'mlpa_requests_total{endpoint="/v1/chat/completions",major_fx_version="",method="POST",'
-        'purpose="quick-answer",service_type="liner-answer"}'
+        'purpose="quick-answer",service_type="brief-answer"}'
     ) in exposition
-    assert 'mlpa_chat_availability_total{model="liner",outcome="success",purpose="quick-answer",reason="valid_response",service_type="liner-answer"} 1.0' in exposition
+    assert 'mlpa_chat_availability_total{model="brief",outcome="success",purpose="quick-answer",reason="valid_response",service_type="brief-answer"} 1.0' in exposition
     # A type the file does not have stays bounded.
-    assert 'service_type="sw-answer"' not in exposition and 'service_type="other"' in exposition
+    assert 'service_type="deep-answer"' not in exposition and 'service_type="other"' in exposition
 
 
 async def test_a_changed_tier_updates_litellms_row_and_existing_users_get_it(

@@ -30,8 +30,10 @@ async def test_streaming_completion_creates_the_user_in_litellms_table(pg_servic
     assert row is not None and row["budget_id"] == "end-user-budget-ai" and row["blocked"] is False
     capacity = await pools.app.fetchval("SELECT current_identities FROM mlpa_user_capacity WHERE id = 1")
     assert capacity == 1
-    budgets = await pools.litellm.fetchval('SELECT count(*) FROM "LiteLLM_BudgetTable"')
-    assert budgets == 13
+    # One row per service type: MLPA 1.0.39 has fifteen (sw-answer's and liner-answer's too).
+    budgets = await pools.litellm.fetch('SELECT budget_id, max_budget FROM "LiteLLM_BudgetTable"')
+    assert len(budgets) == 15
+    assert dict((row["budget_id"], row["max_budget"]) for row in budgets)["end-user-budget-liner-answer"] == 0.06
 
 
 async def test_blocked_in_the_database_is_403(pg_service: Service, pools: Pools) -> None:

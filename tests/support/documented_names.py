@@ -3,7 +3,7 @@ each entry of its sections, a `<TYPE>` entry once per service type of the built-
 
 from __future__ import annotations
 
-from mlpa_aiohttp.catalog import BUILTIN_CATALOG, env_name
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG
 from mlpa_aiohttp.settings.reference import TYPE_PLACEHOLDER, sections
 
 
@@ -13,7 +13,7 @@ def documented_names() -> list[str]:
     for section in sections():
         for entry in section.entries:
             if TYPE_PLACEHOLDER in entry.name:
-                names += [entry.name.replace(TYPE_PLACEHOLDER, env_name(st)) for st in BUILTIN_CATALOG.budgets]
+                names += [entry.name.replace(TYPE_PLACEHOLDER, infix) for infix in BUILTIN_CATALOG.budget_infixes.values()]
             else:
                 names.append(entry.name)
     return names

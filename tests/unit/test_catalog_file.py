@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from mlpa_aiohttp.catalog import BUILTIN_CATALOG, ServiceType
+from mlpa_aiohttp.catalog import BUILTIN_CATALOG, BudgetTier, ServiceType
 from mlpa_aiohttp.catalog.file import CatalogError, load_catalog, parse_catalog, render_catalog
 from mlpa_aiohttp.process.catalog_snapshot import CatalogSnapshot, snapshot_for_environ
 from mlpa_aiohttp.settings import Settings, SettingsError
@@ -48,9 +48,78 @@ def test_the_built_in_catalogue_is_the_references() -> None:
     assert BUILTIN_CATALOG.search_types == ("search", "search-dev", "agent-search")
     assert BUILTIN_CATALOG.dev_types == {"ai-dev", "memories-dev", "mochi-dev", "search-dev"}
     assert BUILTIN_CATALOG.capped_types == {"ai", "memories"}
-    assert BUILTIN_CATALOG.pinned_models == {"exa": ("answer",), "exa-search": ("search", "search-dev", "agent-search")}
+    assert BUILTIN_CATALOG.pinned_models == {
+        "exa": ("answer", "sw-answer"),
+        "exa-search": ("search", "search-dev", "agent-search"),
+        "liner": ("liner-answer",),
+    }
     assert BUILTIN_CATALOG.budgets[ServiceType.AGENT].budget_duration == "7d"
     assert BUILTIN_CATALOG.budgets[ServiceType.SEARCH].max_budget == 0.01
+
+
+def test_the_references_fifteen_types_and_its_label_allowlist() -> None:
+    """MLPA 1.0.39 (§A.4): fifteen types in its order; sw-answer and liner-answer have no
+    purposes and no cap, liner-answer's budget is 0.06 under the plural variables."""
+    assert BUILTIN_CATALOG.names == (
+        "ai", "s2s", "s2s-android", "memories", "search", "answer", "sw-answer", "liner-answer", "telemetry",
+        "agent", "agent-search", "ai-dev", "memories-dev", "mochi-dev", "search-dev",
+    )  # fmt: skip
+    for name in ("sw-answer", "liner-answer"):
+        entry = BUILTIN_CATALOG.entry(name)
+        assert (entry.purposes, entry.capped, entry.dev) == ((), False, False)
+    assert BUILTIN_CATALOG.budgets["sw-answer"] == BudgetTier("end-user-budget-sw-answer", 0.1, 10, 2000, "1d")
+    assert BUILTIN_CATALOG.budgets["liner-answer"] == BudgetTier("end-user-budget-liner-answer", 0.06, 10, 2000, "1d")
+    assert BUILTIN_CATALOG.budget_infixes["sw-answer"] == "SW_ANSWER"
+    assert BUILTIN_CATALOG.budget_infixes["liner-answer"] == "LINER_ANSWERS"
+    # The admin budget route's 422 lists them (tests/integration/test_admin_routes.py sends it).
+    assert BUILTIN_CATALOG.service_type_list_text() == (
+        "ai, s2s, s2s-android, memories, search, answer, sw-answer, liner-answer, telemetry, agent, agent-search, "
+        "ai-dev, memories-dev, mochi-dev, search-dev"
+    )
+    # The reference's quirk: `liner` is pinned, but its allowlist holds `liner-answers`.
+    assert BUILTIN_CATALOG.known_models == {
+        "exa", "exa-search", "gemini-2.5-flash-lite", "gemini-3.1-flash-lite", "gpt-oss-120b", "liner-answers",
+        "openai/gpt-4o", "mistral-small-2503", "mistral-small-2603", "moz-summarization",
+        "qwen3-235b-a22b-instruct-2507-maas", "vertex_ai/mistral-small-2503",
+    }  # fmt: skip
+
+
+def test_liner_answer_reads_the_references_plural_variables() -> None:
+    env = {**TEST_SECRETS, "USER_FEATURE_BUDGET_LINER_ANSWERS_MAX_BUDGET": "0.5", "USER_FEATURE_BUDGET_SW_ANSWER_RPM_LIMIT": "3"}
+    settings = Settings.from_environ(env)
+    assert settings.budgets["liner-answer"].max_budget == 0.5
+    assert settings.budgets["sw-answer"].rpm_limit == 3
+    # The singular spelling is not a variable of this tier.
+    unchanged = Settings.from_environ({**TEST_SECRETS, "USER_FEATURE_BUDGET_LINER_ANSWER_MAX_BUDGET": "0.5"})
+    assert unchanged.budgets["liner-answer"].max_budget == 0.06
+
+
+def test_budget_variables_and_metric_label_in_a_file() -> None:
+    text = MINIMAL + """
+[[service_type]]
+name = "quick-answer"
+budget = { max_budget = 0.2, rpm_limit = 5, tpm_limit = 100 }
+budget_variables = "USER_FEATURE_BUDGET_QUICK_ANSWERS"
+[[model]]
+name = "quick"
+pinned_to = ["quick-answer"]
+metric_label = false
+"""
+    catalog = parse_catalog(text.encode())
+    assert catalog.budget_infixes["quick-answer"] == "QUICK_ANSWERS"
+    assert catalog.pinned_models == {"quick": ("quick-answer",)} and catalog.known_models == frozenset()
+    assert parse_catalog(render_catalog(catalog).encode()) == catalog
+    bad = text.replace('"USER_FEATURE_BUDGET_QUICK_ANSWERS"', '"QUICK_ANSWERS"').replace("metric_label = false", 'metric_label = "no"')
+    assert problems_of(bad) == [
+        "service_type #3 'quick-answer'.budget_variables: expected USER_FEATURE_BUDGET_ then upper-case words joined "
+        "by single underscores, got 'QUICK_ANSWERS'",
+        "model #1 'quick'.metric_label: expected true or false, got 'no'",
+    ]
+    # Two types may not share one set of variables.
+    shared = text.replace('"USER_FEATURE_BUDGET_QUICK_ANSWERS"', '"USER_FEATURE_BUDGET_AI"')
+    assert problems_of(shared) == [
+        "service_type #3 'quick-answer': shares its USER_FEATURE_BUDGET_AI_* variables with service_type #1 'ai'"
+    ]
 
 
 def test_rendering_reads_back_to_the_same_catalogue() -> None:
@@ -161,7 +230,7 @@ def settings_with(tmp_path: Path, text: str, **env: str) -> Settings:
 
 NEW_TYPE = """
 [[service_type]]
-name = "sw-answer"
+name = "deep-answer"
 purposes = ["answer"]
 capped = true
 budget = { max_budget = 0.2, rpm_limit = 5, tpm_limit = 500 }
@@ -179,15 +248,15 @@ def test_the_variables_apply_on_top_of_the_file(tmp_path: Path) -> None:
     settings = settings_with(
         tmp_path,
         MINIMAL + NEW_TYPE,
-        USER_FEATURE_BUDGET_SW_ANSWER_RPM_LIMIT="7",
+        USER_FEATURE_BUDGET_DEEP_ANSWER_RPM_LIMIT="7",
         USER_FEATURE_BUDGET_AI_MAX_BUDGET="0.3",
     )
-    assert settings.catalog.names == ("ai", "search", "sw-answer")
-    assert settings.budgets["sw-answer"].rpm_limit == 7 and settings.budgets["sw-answer"].max_budget == 0.2
+    assert settings.catalog.names == ("ai", "search", "deep-answer")
+    assert settings.budgets["deep-answer"].rpm_limit == 7 and settings.budgets["deep-answer"].max_budget == 0.2
     assert settings.catalog.entry("ai").budget.max_budget == 0.3
-    assert settings.signup_cap.capped_service_types == {"sw-answer"} == settings.catalog.capped_types
-    capped = settings_with(tmp_path, MINIMAL + NEW_TYPE, MLPA_CAPPED_SERVICE_TYPES="ai,sw-answer")
-    assert capped.signup_cap.capped_service_types == {"ai", "sw-answer"} == capped.catalog.capped_types
+    assert settings.signup_cap.capped_service_types == {"deep-answer"} == settings.catalog.capped_types
+    capped = settings_with(tmp_path, MINIMAL + NEW_TYPE, MLPA_CAPPED_SERVICE_TYPES="ai,deep-answer")
+    assert capped.signup_cap.capped_service_types == {"ai", "deep-answer"} == capped.catalog.capped_types
 
 
 def test_file_and_variable_problems_are_one_error(tmp_path: Path) -> None:

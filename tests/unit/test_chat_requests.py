@@ -64,7 +64,21 @@ async def test_unknown_body_fields_are_dropped(service: Service) -> None:
     response = await service.chat(chat_body(secret_flag=True, metadata={"x": 1}))
     assert response.status == 200
     sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
-    assert "secret_flag" not in sent and "metadata" not in sent
+    # The client's `metadata` is dropped; the service's own (MLPA 1.0.39) is sent instead.
+    assert "secret_flag" not in sent
+    assert sent["metadata"] == {"spend_logs_metadata": {"purpose": "", "country_code": ""}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_spend_logs_metadata_carries_the_purpose_and_the_raw_country(service: Service, stream: bool) -> None:
+    """MLPA 1.0.39 §A.7: the validated purpose and the `X-Geo-Country` value as sent, unclamped."""
+    headers = service.headers(purpose=" chat ", **{"X-Geo-Country": "zz"})
+    response = await service.chat(chat_body(stream=stream), headers=headers)
+    assert response.status == 200
+    await response.read()
+    sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
+    assert sent["metadata"] == {"spend_logs_metadata": {"purpose": "chat", "country_code": "zz"}}
+    assert "service_type" not in sent and "purpose" not in sent
 
 
 # -- rules before auth ------------------------------------------------------------------
@@ -82,7 +96,7 @@ async def test_model_name_rule_before_auth(service: Service, model: str) -> None
 async def test_pinned_model_with_wrong_service_type(service: Service) -> None:
     response = await service.chat(chat_body(model="exa"))
     assert response.status == 400
-    assert await response.json() == {"detail": "Invalid service-type value for model exa. Should be one of ['answer']"}
+    assert await response.json() == {"detail": "Invalid service-type value for model exa. Should be one of ['answer', 'sw-answer']"}
     assert availability(service, "excluded", "invalid_service_type_for_model", model="exa") == 1
 
 
@@ -92,6 +106,61 @@ async def test_pinned_service_type_with_other_model(service: Service) -> None:
     assert await response.json() == {
         "detail": "Invalid service-type value answer for model gpt-oss-120b. Service type answer is only valid for models ['exa']"
     }
+
+
+@pytest.mark.parametrize(
+    ("model", "service_type", "message"),
+    [
+        ("liner", "ai", "Invalid service-type value for model liner. Should be one of ['liner-answer']"),
+        ("exa", "liner-answer", "Invalid service-type value for model exa. Should be one of ['answer', 'sw-answer']"),
+        (
+            "gpt-oss-120b",
+            "sw-answer",
+            "Invalid service-type value sw-answer for model gpt-oss-120b. Service type sw-answer is only valid for models ['exa']",
+        ),
+        (
+            "gpt-oss-120b",
+            "liner-answer",
+            "Invalid service-type value liner-answer for model gpt-oss-120b. "
+            "Service type liner-answer is only valid for models ['liner']",
+        ),
+    ],
+)
+async def test_the_1_0_39_pinning(service: Service, model: str, service_type: str, message: str) -> None:
+    response = await service.chat(chat_body(model=model), headers=service.headers(service_type=service_type))
+    assert (response.status, await response.json()) == (400, {"detail": message})
+    # `liner` is not on the reference's label allowlist (it holds `liner-answers`): "invalid".
+    label = "invalid" if model == "liner" else model
+    assert availability(service, "excluded", "invalid_service_type_for_model", model=label, st=service_type) == 1
+    assert not service.litellm.requests_to("/v1/chat/completions")
+
+
+@pytest.mark.parametrize(("model", "service_type"), [("exa", "sw-answer"), ("liner", "liner-answer"), ("exa", "answer")])
+async def test_the_new_types_are_served_with_their_models(service: Service, model: str, service_type: str) -> None:
+    response = await service.chat(chat_body(model=model), headers=service.headers(service_type=service_type))
+    assert response.status == 200, await response.text()
+    sent = service.litellm.requests_to("/v1/chat/completions")[-1].json
+    assert (sent["model"], sent["user"].rsplit(":", 1)[1]) == (model, service_type)
+    # Success-side latency keeps the raw model, `liner` included; availability the clamp.
+    latency = {"result": "success", "model": model, "service_type": service_type, "purpose": ""}
+    assert sample(service, "mlpa_chat_completion_latency_seconds_count", latency) == 1
+    clamped = "invalid" if model == "liner" else model
+    assert availability(service, "success", "valid_response", model=clamped, st=service_type) == 1
+    # No purposes: any purpose is refused.
+    refused = await service.chat(chat_body(model=model), headers=service.headers(service_type=service_type, purpose="chat"))
+    assert (refused.status, await refused.json()) == (
+        400,
+        {"detail": f"Invalid header 'purpose' for service-type '{service_type}'. Valid values: "},
+    )
+
+
+async def test_liner_is_labelled_invalid_on_the_failure_side(service: Service) -> None:
+    """The reference's quirk, kept: a failed `liner` completion's samples say "invalid"."""
+    headers = service.headers(service_type="liner-answer")
+    response = await service.chat(chat_body(model="liner", scenario="server_500"), headers=headers)
+    assert response.status == 500
+    assert availability(service, "failure", "upstream_error", model="invalid", st="liner-answer") == 1
+    assert availability(service, "failure", "upstream_error", model="liner", st="liner-answer") == 0
 
 
 async def test_invalid_purpose(service: Service) -> None:

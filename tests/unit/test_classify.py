@@ -51,6 +51,37 @@ def test_unclassified(status: int, body: str) -> None:
     assert classify(status, body) is None
 
 
+GLOBAL_BUDGET = "ExceededBudget: User=default_user_id over budget. Spend=100.02, Budget=100.0"
+
+
+@pytest.mark.parametrize(
+    "status,body",
+    [
+        # The reference's statuses (MLPA 1.0.39 §A.5), JSON or not: the literal, not the JSON,
+        # decides, and before the budget wording would make it code 1.
+        (400, json.dumps({"error": {"type": "budget_exceeded", "message": GLOBAL_BUDGET}})),
+        (429, json.dumps({"error": {"type": "budget_exceeded", "message": GLOBAL_BUDGET}})),
+        (400, f"litellm.BudgetExceededError: {GLOBAL_BUDGET}"),
+        # compatibility.md D43: LiteLLM 1.106.12 answers budgets with 422; any 4xx, as D21.
+        (422, json.dumps({"error": {"type": "budget_exceeded", "message": GLOBAL_BUDGET}})),
+    ],
+)
+def test_global_budget_is_code_10(status: int, body: str) -> None:
+    found = classify(status, body)
+    assert found is not None
+    assert (found.status, found.code, found.retry_after) == (500, 10, 300)
+    assert (found.rejection_reason, found.availability_reason) == ("global_budget_exceeded", "global_budget_exceeded")
+
+
+def test_global_budget_wording_elsewhere_is_not_code_10() -> None:
+    # A 5xx carrying the words is no budget answer (unclassified, as in the reference).
+    assert classify(500, json.dumps({"error": {"type": "x", "message": GLOBAL_BUDGET}})) is None
+    # Another user's budget (an end user's) stays code 1.
+    end_user = json.dumps({"error": {"type": "budget_exceeded", "message": "ExceededBudget: User=uid:ai over budget."}})
+    found = classify(400, end_user)
+    assert found is not None and found.code == 1
+
+
 def test_error_detail_prefers_error_message_and_unwraps_python_dicts() -> None:
     assert error_detail(json.dumps({"error": {"message": "boom"}})) == "boom"
     assert error_detail(json.dumps({"error": {"message": "{'error': 'inner'}"}})) == "inner"

@@ -206,6 +206,24 @@ async def test_chat_requires_the_virtual_key(
     assert len(fake.requests) == 1
 
 
+async def test_other_virtual_keys_are_accepted_and_the_bearer_recorded(
+    fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
+) -> None:
+    """A client's own key (`litellm-virtual-key` through the service) works once LiteLLM knows it."""
+    own = {"Authorization": "Bearer sk-client-own"}
+    for path, body in (("/v1/chat/completions", chat_body(stream=False)), ("/v1/search/exa-search", {"query": "q"})):
+        async with session.post(server.make_url(path), json=body, headers=own) as resp:
+            assert resp.status == 401
+        fake.other_virtual_keys.add("sk-client-own")
+        async with session.post(server.make_url(path), json=body, headers=own) as resp:
+            assert resp.status == 200
+        fake.other_virtual_keys.clear()
+    assert [r.bearer for r in fake.requests] == ["sk-client-own"] * 4
+    async with session.post(server.make_url("/v1/chat/completions"), json=chat_body(), headers=VIRTUAL) as resp:
+        assert resp.status == 200
+    assert fake.requests[-1].bearer == "sk-test-virtual"
+
+
 async def test_requests_are_recorded(
     fake: FakeLiteLLM, server: TestServer, session: aiohttp.ClientSession
 ) -> None:
@@ -300,6 +318,7 @@ def test_scenario_names_are_exact() -> None:
         "context_window_400", "bad_param_400", "timeout_408",
         "invalid_model_400", "invalid_argument_400", "unclassified_400", "unclassified_429",
         "generate_400", "server_500", "bad_gateway_502", "service_unavailable_503", "reset_before_response",
+        "global_budget_400", "global_budget_422", "exa_overloaded_500", "exa_rate_limit_429", "internal_server_error_500",
     }  # fmt: skip
     assert set(ERROR_SCENARIOS) < set(ALL_SCENARIOS)
 
@@ -340,6 +359,12 @@ DOCUMENTED_ERRORS: dict[str, tuple[int, str]] = {
     "server_500": (500, '"type":"internal_server_error"'),
     "bad_gateway_502": (502, "Bad Gateway"),
     "service_unavailable_503": (503, "Service Unavailable"),
+    "global_budget_400": (400, '"message":"ExceededBudget: User=default_user_id over budget. Spend='),
+    "global_budget_422": (422, '"message":"ExceededBudget: User=default_user_id over budget. Spend='),
+    # Exa's object inside LiteLLM's message: its quotes JSON-escaped.
+    "exa_overloaded_500": (500, 'litellm.APIConnectionError: Exa_aiException - {\\"requestId\\":'),
+    "exa_rate_limit_429": (429, '\\"tag\\":\\"RATE_LIMIT_EXCEEDED\\"}'),
+    "internal_server_error_500": (500, "Internal Server Error"),
 }
 
 

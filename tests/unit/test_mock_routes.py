@@ -131,7 +131,7 @@ async def test_model_pinning(mock_service: Service) -> None:
     response = await post_mock(mock_service, "completions", chat_body(model="exa"), mock_service.headers())
     assert response.status == 400
     assert await response.json() == {
-        "detail": "Invalid service-type value for model exa. Should be one of ['answer']"
+        "detail": "Invalid service-type value for model exa. Should be one of ['answer', 'sw-answer']"
     }
 
 

@@ -15,7 +15,11 @@ from mlpa_aiohttp.openapi import build_document
 
 from ..conftest import Service, ServiceFactory, make_settings
 
-CHAT_TYPES = ["ai", "s2s", "s2s-android", "memories", "answer", "telemetry", "agent", "ai-dev", "memories-dev", "mochi-dev"]
+# MLPA 1.0.39: the fifteen types minus the three search types.
+CHAT_TYPES = [
+    "ai", "s2s", "s2s-android", "memories", "answer", "sw-answer", "liner-answer", "telemetry", "agent", "ai-dev",
+    "memories-dev", "mochi-dev",
+]  # fmt: skip
 SEARCH_TYPES = ["search", "search-dev", "agent-search"]
 METHODS = ("get", "post", "put", "patch", "delete")
 

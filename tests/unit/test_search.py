@@ -21,7 +21,8 @@ async def test_search_defaults_to_search_service_type(service: Service) -> None:
     assert response.status == 200
     assert len((await response.json())["results"]) == 3
     sent = service.litellm.requests_to("/v1/search/exa-search")[-1].json
-    assert sent == {"query": "firefox", "max_results": 3, "user": "test-uid:search", "service_type": "search", "purpose": ""}
+    # MLPA 1.0.39 §A.7: only these three (no service type, purpose or metadata).
+    assert sent == {"query": "firefox", "max_results": 3, "user": "test-uid:search"}
     registry = service.app[keys.METRICS].registry
     assert registry.get_sample_value("mlpa_search_latency_seconds_count", {"result": "success"}) == 1
 

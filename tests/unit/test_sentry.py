@@ -30,6 +30,9 @@ MASTER_KEY = "sk-master-7f3a9c1e5b"
 UI_ACCESS_KEY = "sk-ui-2b8d4f6a0c"
 BEARER_TOKEN = "fxa-token-9e8d7c6b5a"
 DEV_TOKEN = "dev-token-1a2b3c4d5e"
+# A client's own LiteLLM key (`litellm-virtual-key`): no setting knows it, so only the header's
+# name can hide it (MLPA 1.0.39 §A.10).
+CUSTOM_VIRTUAL_KEY = "sk-custom-4c5d6e7f8a"
 USER_CONTENT = "my private medical question"
 SECRETS = (MASTER_KEY, UI_ACCESS_KEY, DEV_TOKEN)
 
@@ -57,7 +60,7 @@ async def flush() -> None:
 
 def assert_private(event: dict[str, Any]) -> None:
     text = json.dumps(event)
-    for secret in (*SECRETS, BEARER_TOKEN, USER_CONTENT):
+    for secret in (*SECRETS, BEARER_TOKEN, CUSTOM_VIRTUAL_KEY, USER_CONTENT):
         assert secret not in text
 
 
@@ -97,6 +100,8 @@ CREDENTIALS = {
     "x-dev-authorization": DEV_TOKEN,
     "master_key": MASTER_KEY,
     "mlpa-ui-access-key": UI_ACCESS_KEY,
+    # In any letter case.
+    "Litellm-Virtual-Key": CUSTOM_VIRTUAL_KEY,
 }
 
 
@@ -120,7 +125,7 @@ async def test_unhandled_error_reaches_sentry_without_content_or_secrets(
     assert request["data"]["tools"] == FILTERED
     assert request["data"]["model"] == "mistral-small"
     headers = {k.lower(): v for k, v in request["headers"].items()}
-    for name in ("authorization", "x-dev-authorization", "master_key", "mlpa-ui-access-key"):
+    for name in ("authorization", "x-dev-authorization", "master_key", "mlpa-ui-access-key", "litellm-virtual-key"):
         assert headers[name] == FILTERED, name
     assert "env" not in request  # no client address
     frame_vars = [f.get("vars", {}) for f in exception["stacktrace"]["frames"]]

@@ -17,7 +17,8 @@ from tests.support.waiting import wait_for
 from ..conftest import Service, chat_body, events
 
 LABELS = {"model": "gpt-oss-120b", "service_type": "ai", "purpose": ""}
-TOO_MANY_STREAMS = {"detail": {"error": 10}}
+# compatibility.md D42: code 11 (10 is the reference's global budget since 1.0.39).
+TOO_MANY_STREAMS = {"detail": {"error": 11}}
 
 
 def held(service: Service, user_id: str = "test-uid:ai") -> int:
