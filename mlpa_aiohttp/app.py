@@ -48,6 +48,7 @@ from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
+from .request_timings import request_timings
 from .process.overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
@@ -72,6 +73,7 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
+from .upstream.privacy_filter import PrivacyFilterClient
 from .upstream.reachability import warn_if_litellm_unreachable
 
 
@@ -89,7 +91,8 @@ def create_app(settings: Settings) -> web.Application:
     # Overload shedding comes first, before even the log line (process/overload.py says why).
     shedding = [shedding_middleware(monitor)] if monitor is not None else []
     app = web.Application(
-        middlewares=[*shedding, request_context, error_mapping],
+        # Timing spans next (request_timings.py): only requests with `debug-timing: true` get any.
+        middlewares=[*shedding, request_timings, request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so
@@ -175,6 +178,7 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     async with open_session(settings.upstream) as session:
         app[keys.HTTP_SESSION] = session
         app[keys.LITELLM] = LiteLLMClient(session, settings.upstream, app[keys.METRICS])
+        app[keys.PRIVACY_FILTER] = PrivacyFilterClient(session, settings.privacy_filter)
         watch = asyncio.create_task(app[keys.STREAMS].watch_silence(settings.upstream.streaming_timeout_seconds))
         try:
             yield
