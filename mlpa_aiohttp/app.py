@@ -42,13 +42,12 @@ from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
 from .process.gc_tuning import settle_heap
-from .middlewares import add_security_headers, error_mapping, request_context
+from .middlewares import add_security_headers, error_mapping, request_context, request_timings
 from .models import RequestRules
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
 from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
-from .request_timings import request_timings
 from .process.overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
@@ -91,7 +90,7 @@ def create_app(settings: Settings) -> web.Application:
     # Overload shedding comes first, before even the log line (process/overload.py says why).
     shedding = [shedding_middleware(monitor)] if monitor is not None else []
     app = web.Application(
-        # Timing spans next (request_timings.py): only requests with `debug-timing: true` get any.
+        # Timing spans next (middlewares.py): only requests with `debug-timing: true` get any.
         middlewares=[*shedding, request_timings, request_context, error_mapping],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect

@@ -20,6 +20,7 @@ from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
 from ..errors import AuthRejected, RequestInvalid
 from ..models import ChatRequest, parse_chat_body
 from ..observability import log_context
+from ..observability.timing import spans_event
 from ..settings import ServerSettings
 from ..validation import Problem
 from .proxy import authorize_chat
@@ -95,4 +96,8 @@ async def _canned_reply(request: web.Request, chat: ChatRequest) -> web.StreamRe
         for event in MOCK_STREAM_EVENTS:
             await response.send(event)
             await asyncio.sleep(chunk_latency)
+        timings = request.get(keys.REQUEST_TIMINGS)
+        if timings is not None:
+            # The canned stream ends in `data: [DONE]`: its spans follow (compatibility.md D50).
+            await response.write(spans_event(timings))
     return response

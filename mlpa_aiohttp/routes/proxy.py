@@ -20,6 +20,7 @@ from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
+from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, span
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.outcome import CompletionOutcome
@@ -101,12 +102,21 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     headers, chat = rules.parse_chat(raw_body, request.headers)
     log_context.bind(model=chat.model)
     labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip())
-    with refusals_recorded(metrics, labels):
+    with span(request.get(keys.REQUEST_TIMINGS), AUTH), refusals_recorded(metrics, labels):
         check_model_name(chat.model)
         rules.check_model_service_type(chat.model, headers.service_type)
         principal = await authenticate_caller(request, headers, raw_body)
     _count_country(request, labels.service_type, metrics.labels.model(chat.model))
     return chat, principal
+
+
+def traffic_contract_check(request: web.Request, principal: Principal) -> None:
+    """Where the traffic-contract check (compatibility.md §A.8 of the 1.0.39 reference) runs:
+    after authentication and the country metric, before the user's get-or-create (for search,
+    after its service-type 400 as well). Its `traffic_contract` span is recorded whether or not
+    contracts are on, as the reference's is; with none configured there is nothing to check."""
+    with span(request.get(keys.REQUEST_TIMINGS), TRAFFIC_CONTRACT):
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     settings = app[keys.SETTINGS]
     completion = await _prepare_completion(request, started)
     client = app[keys.LITELLM]
+    timings = request.get(keys.REQUEST_TIMINGS)
     if completion.stream:
         relay = StreamRelay(
             request,
@@ -138,7 +149,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
             keepalive=_keepalive_for(request, completion),
-            fast_path=app[keys.RELAY_FAST_PATH],
+            # A timed stream takes the regular relay, whose loop keeps the stream's tail.
+            fast_path=app[keys.RELAY_FAST_PATH] if timings is None else None,
+            timings=timings,
         )
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
@@ -151,9 +164,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # Every way out: the end of the stream, an upstream error, the client's
             # hang-up (a CancelledError from the connection-lost callback), shutdown.
             slots.give_back(completion.user_id)
-    return await relay_completion(
-        request, client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
-    )
+    with span(timings, UPSTREAM):
+        return await relay_completion(
+            request, client=client, body=completion.body, outcome=completion.outcome, debug=settings.server.debug
+        )
 
 
 def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> FirstByteKeepAlive | None:
@@ -186,8 +200,9 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request)
+    traffic_contract_check(request, principal)
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose)
-    with refusals_recorded(metrics, labels):
+    with span(request.get(keys.REQUEST_TIMINGS), DB), refusals_recorded(metrics, labels):
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
@@ -210,16 +225,21 @@ async def search(request: web.Request) -> web.Response:
     raw_body = await read_body(request)
     rules = app[keys.REQUEST_RULES]
     headers, query = rules.parse_search(raw_body, request.headers)
-    principal = await authenticate_caller(request, headers, raw_body)
+    timings = request.get(keys.REQUEST_TIMINGS)
+    with span(timings, AUTH):
+        principal = await authenticate_caller(request, headers, raw_body)
     service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
-    await app[keys.PROVISIONER].provision(principal.user_id)
-    return await relay_search(
-        client=app[keys.LITELLM],
-        body=search_body(query, user=principal.user_id, service_type=service_type, purpose=purpose),
-        metrics=app[keys.METRICS],
-        service_type=service_type,
-        purpose=purpose,
-        debug=app[keys.SETTINGS].server.debug,
-    )
+    traffic_contract_check(request, principal)
+    with span(timings, DB):
+        await app[keys.PROVISIONER].provision(principal.user_id)
+    with span(timings, UPSTREAM):
+        return await relay_search(
+            client=app[keys.LITELLM],
+            body=search_body(query, user=principal.user_id, service_type=service_type, purpose=purpose),
+            metrics=app[keys.METRICS],
+            service_type=service_type,
+            purpose=purpose,
+            debug=app[keys.SETTINGS].server.debug,
+        )

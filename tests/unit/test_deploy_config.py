@@ -59,6 +59,7 @@ SECRET_VARIABLES = frozenset(
         "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
         "DB_PASSWORD",
         "SENTRY_DSN",
+        "PRIVACY_FILTER_MASTER_KEY",
     }
 )
 
