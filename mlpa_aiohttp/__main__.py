@@ -328,8 +328,10 @@ def demo_banner(base: str, litellm_port: int, fxa_port: int, token: str, ui_key:
             f"mlpa-aiohttp demo ready on {base} (fake LiteLLM :{litellm_port}, fake FxA :{fxa_port}, users in memory)",
             f"  curl -N {base}/v1/chat/completions -H 'authorization: Bearer {token}' "
             f"-H 'service-type: ai' -H 'content-type: application/json' -d '{DEMO_PROMPT}'",
-            f"  curl {base}/privacy-filter -H 'authorization: Bearer {token}' -H 'content-type: application/json'"
-            " -d '{\"items\": [\"mail jane@example.com\"]}'   (fake Privacy Filter)",
+            (
+                f"  curl {base}/privacy-filter -H 'authorization: Bearer {token}' -H 'content-type: application/json'"
+                " -d '{\"items\": [\"mail jane@example.com\"]}'   (fake Privacy Filter)"
+            ),
             f"  API docs      {base}/api/docs",
             f"  admin page    {base}/admin   (asks for the UI access key below)",
             f"  metrics       {base}/metrics",

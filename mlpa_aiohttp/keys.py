@@ -57,5 +57,6 @@ PLAY_INTEGRITY = web.AppKey("play_integrity", PlayIntegrity)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
 # The Privacy Filter service (`POST /privacy-filter`, readiness), on HTTP_SESSION.
 PRIVACY_FILTER = web.AppKey("privacy_filter", PrivacyFilterClient)
-# Per request, only when it sent `debug-timing: true` (request_timings.py).
-REQUEST_TIMINGS = web.RequestKey("request_timings", RequestTimings)
+# Per request (middlewares.request_timings): its spans when it sent `debug-timing: true`, else
+# None. Always set, so reading it is a plain lookup (a missing key would raise and catch).
+REQUEST_TIMINGS: web.RequestKey[RequestTimings | None] = web.RequestKey("request_timings")

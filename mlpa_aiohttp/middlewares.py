@@ -41,7 +41,8 @@ from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability import log_context
 from .observability.labels import clamp_method, major_firefox_version
-from .observability.timing import HEADER as TIMING_HEADER, RequestTimings, json_with_spans, requested
+from .observability.timing import HEADER as TIMING_HEADER
+from .observability.timing import RequestTimings, json_with_spans, requested
 from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")
@@ -198,7 +199,9 @@ _TIMINGS_LOG = structlog.get_logger("mlpa_aiohttp.request_timings")
 
 @web.middleware
 async def request_timings(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if not requested(request.headers.get(TIMING_HEADER)):
+    value = request.headers.get(TIMING_HEADER)
+    if value is None or not requested(value):
+        request[keys.REQUEST_TIMINGS] = None
         return await handler(request)
     timings = RequestTimings()
     request[keys.REQUEST_TIMINGS] = timings

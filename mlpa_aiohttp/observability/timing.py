@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 HEADER = "debug-timing"
 
@@ -30,7 +32,7 @@ UPSTREAM = "upstream"
 
 Clock = Callable[[], float]
 
-_NO_SPAN: ContextManager[None] = contextlib.nullcontext()
+_NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
 
 
 def requested(value: str | None) -> bool:
@@ -52,7 +54,7 @@ class RequestTimings:
         self._origin = clock()
         self._spans: list[tuple[str, float, float]] = []
 
-    def span(self, name: str) -> "_Span":
+    def span(self, name: str) -> _Span:
         return _Span(self, name)
 
     def add(self, name: str, started: float, ended: float) -> None:
@@ -74,7 +76,7 @@ class _Span:
     """Records its time on exit, an exit by exception included. Nested and repeated spans
     each record separately."""
 
-    __slots__ = ("_timings", "_name", "_started")
+    __slots__ = ("_name", "_started", "_timings")
 
     def __init__(self, timings: RequestTimings, name: str) -> None:
         self._timings = timings
@@ -88,7 +90,7 @@ class _Span:
         self._timings.add(self._name, self._started, self._timings.now())
 
 
-def span(timings: RequestTimings | None, name: str) -> ContextManager[None]:
+def span(timings: RequestTimings | None, name: str) -> AbstractContextManager[None]:
     """A span of `timings`, or the shared no-op when the request did not ask for spans."""
     return _NO_SPAN if timings is None else timings.span(name)
 

@@ -112,7 +112,7 @@ async def _privacy_filter_readiness(app: web.Application, timeout: float) -> tup
         return True, dict(PRIVACY_FILTER_DISABLED)
     try:
         status, payload = await app[keys.PRIVACY_FILTER].readiness(timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         log.warning("readiness_privacy_filter_check_failed", error_type=type(exc).__name__)
         return False, dict(PRIVACY_FILTER_UNREACHABLE)
     if status != 200 or not isinstance(payload, dict):

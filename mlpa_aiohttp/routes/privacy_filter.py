@@ -41,7 +41,7 @@ async def privacy_filter(request: web.Request) -> web.Response:
     app = request.app
     settings = app[keys.SETTINGS]
     headers, body = parse_privacy_filter(await read_body(request), request.headers)
-    timings = request.get(keys.REQUEST_TIMINGS)
+    timings = request[keys.REQUEST_TIMINGS]
     with span(timings, AUTH):
         if not settings.privacy_filter.enabled:
             raise ServerFault({"error": DISABLED}, status=503)

@@ -8,7 +8,6 @@ body `{"items": [...]}`, answered with `{"results", "model_id", "num_items", ...
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -44,7 +43,7 @@ class PrivacyFilterClient:
                 if not 200 <= response.status < 300:
                     raise PrivacyFilterFailed(f"Privacy Filter answered HTTP {response.status}")
                 raw = await _read_bounded(response)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise PrivacyFilterFailed(f"Privacy Filter unreachable: {type(exc).__name__}") from None
         try:
             payload = json.loads(raw)

@@ -28,7 +28,7 @@ def fake_tool(directory: Path, name: str, script: str) -> None:
 def run(tmp_path: Path, *command: str, env: dict[str, str] | None = None, tools: Path | None = None) -> subprocess.CompletedProcess[str]:
     path = f"{tools}:{SYSTEM_PATH}" if tools is not None else SYSTEM_PATH
     environ = {"PATH": path, "MEMRAY_OUTPUT": str(tmp_path / "memray" / "mlpa.bin"), **(env or {})}
-    return subprocess.run(["sh", str(ENTRYPOINT), *command], env=environ, capture_output=True, text=True, timeout=30)
+    return subprocess.run(["sh", str(ENTRYPOINT), *command], env=environ, capture_output=True, text=True, timeout=30, check=False)
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def tools(tmp_path: Path) -> Path:
 def test_the_script_is_executable_posix_sh() -> None:
     assert os.access(ENTRYPOINT, os.X_OK)
     assert ENTRYPOINT.read_text().startswith("#!/bin/sh\n")
-    assert subprocess.run(["sh", "-n", str(ENTRYPOINT)]).returncode == 0
+    assert subprocess.run(["sh", "-n", str(ENTRYPOINT)], check=False).returncode == 0
 
 
 def test_jemalloc_found_by_ldconfig_replaces_any_inherited_preload(tmp_path: Path, tools: Path) -> None:
@@ -61,7 +61,7 @@ def test_without_jemalloc_the_preload_is_left_alone(tmp_path: Path, tools: Path)
 
 @pytest.mark.skipif(not shutil.which("ldconfig") and not Path("/sbin/ldconfig").exists(), reason="no ldconfig")
 def test_the_real_jemalloc_is_mapped_into_the_command(tmp_path: Path) -> None:
-    listing = subprocess.run(["sh", "-c", "ldconfig -p"], env={"PATH": SYSTEM_PATH}, capture_output=True, text=True).stdout
+    listing = subprocess.run(["sh", "-c", "ldconfig -p"], env={"PATH": SYSTEM_PATH}, capture_output=True, text=True, check=False).stdout
     if "libjemalloc.so.2 " not in listing:
         pytest.skip("libjemalloc2 is not installed here")
     done = run(tmp_path, sys.executable, "-c", "print(open('/proc/self/maps').read())")

@@ -4,14 +4,19 @@ package's fake Privacy Filter on loopback (compatibility.md §1.11, §1.2)."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.settings import Settings, SettingsError
-from mlpa_aiohttp.testing.fake_privacy_filter import FILTER_PATH, READYZ_PATH, FakePrivacyFilter
+from mlpa_aiohttp.testing.fake_privacy_filter import (
+    FILTER_PATH,
+    READYZ_PATH,
+    FakePrivacyFilter,
+)
 
 from ..conftest import TEST_SECRETS, Service, ServiceFactory, events
 
@@ -111,7 +116,7 @@ async def test_empty_authorization_is_401_missing(filter_service) -> None:
 
 async def test_device_and_dev_headers_are_not_read(filter_service) -> None:
     # App Attest is not supported here: with `use-app-attest` the bearer is still an FxA token.
-    service, fake = filter_service
+    service, _ = filter_service
     response = await post_filter(
         service, {"items": [EMAIL_ITEM]}, headers={"use-app-attest": "true", "service-type": "ai-dev"}
     )

@@ -13,7 +13,12 @@ from aiohttp.test_utils import TestServer
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.app import create_app
-from mlpa_aiohttp.observability.timing import RequestTimings, StreamTail, json_with_spans, requested
+from mlpa_aiohttp.observability.timing import (
+    RequestTimings,
+    StreamTail,
+    json_with_spans,
+    requested,
+)
 from mlpa_aiohttp.testing.fake_privacy_filter import FakePrivacyFilter
 
 from ..conftest import Service, ServiceFactory, chat_body, events, make_settings
