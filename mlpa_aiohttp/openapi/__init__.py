@@ -290,6 +290,7 @@ def _privacy_filter_operation() -> Schema:
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("PrivacyFilterRequest")}}},
         "responses": {
             "200": _json(_ref("PrivacyFilterResult"), "The masked items"),
+            "400": _json(_ref("DetailMessage"), "A body that cannot be read as " + BODY_UNPARSEABLE_TEXT + "."),
             "401": _json(
                 _ref("DetailMessage"),
                 "`{\"detail\": \"Missing authorization header\"}` or `{\"detail\": \"Invalid FxA auth\"}`.",
