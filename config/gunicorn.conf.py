@@ -6,6 +6,7 @@ Read from the environment at master start-up. The app's own variables are read b
 app's `Settings` (same rules, same defaults), so one ConfigMap drives both:
 
     PORT                       listen port
+    MLPA_ADMIN_PORT            second listen port, for /metrics and the admin routes (unset: none)
     SHUTDOWN_DRAIN_SECONDS     the app's drain budget for open streams; sets graceful_timeout
     KEEPALIVE_TIMEOUT_SECONDS  idle keep-alive of client connections
     LISTEN_BACKLOG             accept queue of the listening socket (capped by net.core.somaxconn)
@@ -118,6 +119,10 @@ def graceful_timeout_for(drain_seconds: float) -> int:
 
 
 bind = [f"0.0.0.0:{_server.port}"]
+# The operators' routes on a second listener (mlpa_aiohttp/routes/admin_port.py): the same app
+# listens on both and keeps each to its routes.
+if _server.admin_port is not None:
+    bind.append(f"0.0.0.0:{_server.admin_port}")
 workers = _worker_count()
 worker_class = _worker_class()
 
@@ -232,7 +237,8 @@ def _refuse_a_taken_address(server) -> None:
             try:
                 probe.bind(address)
             except OSError as error:
-                found = listen_problem(error, host, port, choose_port="PORT", choose_host="gunicorn's --bind")
+                choose_port = "MLPA_ADMIN_PORT" if port == _server.admin_port else "PORT"
+                found = listen_problem(error, host, port, choose_port=choose_port, choose_host="gunicorn's --bind")
                 if found is None:
                     continue  # gunicorn's own bind reports it
                 if server.pidfile is not None:

@@ -14,15 +14,14 @@ import os
 import secrets
 import signal
 import sys
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
 from . import __version__
-from .process import client_sockets
 from .observability.logging import configure_logging
-from .settings import Settings, SettingsError, variable_names
-from .settings.compat import warn_about_environment
+from .process import client_sockets
 from .process.startup import (
     DATABASE_HINT,
     EXIT_CANNOT_LISTEN,
@@ -32,6 +31,8 @@ from .process.startup import (
     report_config_error,
     report_unavailable,
 )
+from .settings import Settings, SettingsError, variable_names
+from .settings.compat import warn_about_environment
 from .store.base import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ SERVE_VARIABLES = """environment:
   copy). Set at least: LITELLM_API_BASE, MLPA_VIRTUAL_KEY, MASTER_KEY, MLPA_UI_ACCESS_KEY,
   MLPA_ACCESS_TOKEN_SECRET (32 bytes or more), MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN,
   DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; PORT is the default of --port, LOG_JSON=true
-  for JSON lines. Production runs it under gunicorn: see config/gunicorn.conf.py."""
+  for JSON lines, MLPA_ADMIN_PORT a second port for /metrics and the admin routes.
+  Production runs it under gunicorn: see config/gunicorn.conf.py."""
 
 DEMO_VARIABLES = """environment:
   PORT (default of --port), LOG_LEVEL. The demo sets LITELLM_API_BASE, FXA_BASE_URL, the
@@ -167,16 +169,25 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_environ(os.environ)  # fail early, before the loop starts
     port = settings.server.port if args.port is None else args.port
+    admin_port = settings.server.admin_port
+    if admin_port is not None and admin_port == port:
+        return report_config_error([f"MLPA_ADMIN_PORT: must differ from --port ({port}), got {admin_port}"], os.environ)
+    listeners = []
     try:
-        # Our own listening socket: accepted clients inherit its dead-peer options.
-        listener = client_sockets.listening_socket(
-            args.host, port, settings.server.dead_peer_options(), backlog=settings.server.listen_backlog
-        )
-        address = "{}:{}".format(*listener.getsockname()[:2])
+        # Our own listening sockets: accepted clients inherit their dead-peer options.
+        for listen_port in (port,) if admin_port is None else (port, admin_port):
+            listeners.append(
+                client_sockets.listening_socket(
+                    args.host, listen_port, settings.server.dead_peer_options(), backlog=settings.server.listen_backlog
+                )
+            )
+        address = "{}:{}".format(*listeners[0].getsockname()[:2])
+        # With MLPA_ADMIN_PORT, the same app on both; routes/admin_port.py keeps each to its routes.
+        admin_fields = {"admin_address": "{}:{}".format(*listeners[1].getsockname()[:2])} if admin_port else {}
         web.run_app(
             app_factory(),
             loop=uvloop.new_event_loop(),
-            sock=listener,
+            sock=listeners,
             # The loop listens again with this one; run_app's default of 128 overflows under
             # a burst of new streams (docs/performance.md, "The burst and the listen backlog").
             backlog=settings.server.listen_backlog,
@@ -184,18 +195,24 @@ def _run_serve(args: argparse.Namespace) -> int:
             # Streams are drained by our on_shutdown hook first; this bounds the rest.
             shutdown_timeout=settings.server.shutdown_drain_seconds + 5,
             # Called once the app has started and its site serves (logging is set up by then).
-            print=lambda _aiohttp_banner: log.info("serve_listening", address=address, pid=os.getpid()),
+            print=lambda _aiohttp_banner: log.info("serve_listening", address=address, pid=os.getpid(), **admin_fields),
         )
     except StoreUnavailable as error:
         return report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=EXIT_UNAVAILABLE)
     except OSError as error:
+        for listener in listeners:
+            listener.close()
+        if len(listeners) == 1 and admin_port is not None:  # the admin port could not be bound
+            return _cannot_listen(error, args.host, admin_port, os.environ, choose_port="MLPA_ADMIN_PORT")
         return _cannot_listen(error, args.host, port, os.environ)
     log.info("serve_stopped", address=address)
     return 0
 
 
-def _cannot_listen(error: OSError, host: str, port: int, environ: Mapping[str, str]) -> int:
-    found = listen_problem(error, host, port, choose_port="--port", choose_host="--host")
+def _cannot_listen(
+    error: OSError, host: str, port: int, environ: Mapping[str, str], *, choose_port: str = "--port"
+) -> int:
+    found = listen_problem(error, host, port, choose_port=choose_port, choose_host="--host")
     if found is None:
         raise error
     problem, hint = found
@@ -228,7 +245,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         return _cannot_listen(error, "127.0.0.1", port, os.environ)
 
 
-def _add_stack(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_stack(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from .testing.stack import configure_parser, stack_command
 
     stack = commands.add_parser(
@@ -295,6 +312,8 @@ async def _demo(port: int, log_level: str) -> int:
             "PRIVACY_FILTER_ENABLED": "true",
             "PRIVACY_FILTER_API_BASE": f"http://127.0.0.1:{filter_port}",
             "PRIVACY_FILTER_MASTER_KEY": fake_privacy_filter.api_key,
+            # One port, the one the banner's URLs name (/metrics and /admin included).
+            "MLPA_ADMIN_PORT": "",
         }
         settings = Settings.from_environ(environ, demo=True)
         # The fake keeps LiteLLM's budget rows and spend, so /user/<id> (LiteLLM's view) and
@@ -390,10 +409,10 @@ async def _fake_upstream(host: str, port: int, ttft: float, chunks: int, interva
     )
     waiter = asyncio.ensure_future(_wait_for_signal())
     await asyncio.wait({server, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if server.done() and not server.cancelled() and server.exception() is not None:
+    if server.done() and not server.cancelled() and (failure := server.exception()) is not None:
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
-        raise server.exception()  # the port could not be bound: one message, not a "listening" lie
+        raise failure  # the port could not be bound: one message, not a "listening" lie
     for task in (server, waiter):
         task.cancel()
     await asyncio.gather(server, waiter, return_exceptions=True)

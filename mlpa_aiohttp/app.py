@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -41,18 +42,19 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
-from .process.gc_tuning import settle_heap
 from .middlewares import add_security_headers, error_mapping, request_context, request_timings
 from .models import RequestRules
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
-from .observability.server_log import ServerLogger
 from .observability.sentry import init_sentry, secret_values
+from .observability.server_log import ServerLogger
+from .process.gc_tuning import settle_heap
 from .process.overload import LoadMonitor, on_response_prepare, sampler_context, shedding_middleware
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
 from .routes import setup_routes
+from .routes.admin_port import listener_split
 from .settings import Settings, variable_names
 from .settings.compat import warn_about_environment
 from .store.app_attest import (
@@ -64,17 +66,16 @@ from .store.app_attest import (
     PublicKeyStore,
 )
 from .store.base import UserStore
+from .store.budget_links import BudgetLinks
 from .store.memory import MemoryUserStore
 from .store.pools import open_pools
 from .store.postgres import PostgresUserStore
-from .store.budget_links import BudgetLinks
 from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
 from .upstream.privacy_filter import PrivacyFilterClient
 from .upstream.reachability import warn_if_litellm_unreachable
-
 
 MAX_HEADER_FIELD_BYTES = 32 * 1024
 
@@ -89,9 +90,12 @@ def create_app(settings: Settings) -> web.Application:
     monitor = LoadMonitor(settings.overload, streams.open_count, metrics) if settings.overload.enabled else None
     # Overload shedding comes first, before even the log line (process/overload.py says why).
     shedding = [shedding_middleware(monitor)] if monitor is not None else []
+    # With MLPA_ADMIN_PORT, innermost: its 404 gets error_mapping's body and a log line.
+    admin_port = settings.server.admin_port
+    listeners = [listener_split(admin_port)] if admin_port is not None else []
     app = web.Application(
         # Timing spans next (middlewares.py): only requests with `debug-timing: true` get any.
-        middlewares=[*shedding, request_timings, request_context, error_mapping],
+        middlewares=[*shedding, request_timings, request_context, error_mapping, *listeners],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so
@@ -141,7 +145,7 @@ def _relay_fast_path(settings: Settings) -> TakeOver:
     return fast_path.FastRelay.take_over if fast_path.usable() else None
 
 
-async def _run_while_serving(run: Callable[[], Awaitable[None]] | None) -> AsyncIterator[None]:
+async def _run_while_serving(run: Callable[[], Coroutine[Any, Any, None]] | None) -> AsyncIterator[None]:
     """One app-wide background loop for the app's lifetime (none when `run` is None)."""
     task = asyncio.create_task(run()) if run is not None else None
     try:

@@ -31,7 +31,7 @@ import logging
 import os
 import re
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 from aiohttp import hdrs, web
@@ -146,9 +146,9 @@ async def error_mapping(request: web.Request, handler: Handler) -> web.StreamRes
         return _json_error(error.status, error.body(), dict(error.headers))
     except web.HTTPRequestEntityTooLarge:
         # aiohttp's client_max_size stopped a body (chunked uploads included).
-        error = _too_large(request)
+        too_large = _too_large(request)
         _record_oversized(request)
-        return _json_error(error.status, error.body())
+        return _json_error(too_large.status, too_large.body())
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -10,8 +10,9 @@ for chat that is the parameter allowlist of compatibility.md §4.1.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -116,7 +117,7 @@ class RequestRules:
             __base__=MockNoAuthHeaders,
             service_type=(names, Field(names(DEFAULT_CHAT_SERVICE_TYPE), alias=header_names.SERVICE_TYPE)),
         )
-        self._header_names = {
+        self._header_names: dict[type[BaseModel], tuple[str, ...]] = {
             model: _names_of(model) for model in (self.proxy_headers, self.search_headers, self.mock_no_auth_headers)
         }
         self._pinned = catalog.pinned_models
@@ -132,7 +133,7 @@ class RequestRules:
         """The proxy header set; service-type is required, or defaults to `search` (`search=True`)."""
         return self.parse_headers(self.search_headers if search else self.proxy_headers, headers, errors)
 
-    def parse_chat(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, "ChatRequest"]:
+    def parse_chat(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, ChatRequest]:
         """Validate headers and body together (one 422 listing every problem)."""
         errors: list[Problem] = []
         proxy_headers = self.parse_proxy_headers(headers, errors)
@@ -141,7 +142,7 @@ class RequestRules:
             raise RequestInvalid(errors)
         return proxy_headers, chat
 
-    def parse_search(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, "SearchRequest"]:
+    def parse_search(self, raw: bytes, headers: Mapping[str, str]) -> tuple[ProxyHeaders, SearchRequest]:
         errors: list[Problem] = []
         proxy_headers = self.parse_proxy_headers(headers, errors, search=True)
         search = validate_json_body(SearchRequest, raw, errors)

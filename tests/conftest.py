@@ -5,21 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
-from cryptography.hazmat.primitives.asymmetric import rsa
 from aiohttp.test_utils import TestClient, TestServer
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.observability.logging import configure_logging
-from mlpa_aiohttp.settings import Settings
+from mlpa_aiohttp.settings import RedisSettings, Settings
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
-from tests.support import depth
+from tests.support import aiohttp_trial, depth
+from tests.support.redis_server import RedisBinaryMissing, ThrowawayRedis
 from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
@@ -172,6 +174,7 @@ def open_streams(service: Service) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     depth.choose_profile(config)
+    aiohttp_trial.open_fence_if_asked()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -189,6 +192,31 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return SlowTierOnOneWorker(config, log)
 
 
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[ThrowawayRedis]:
+    """The session's real Redis (tests/support/redis_server.py). Tests that stop, restart or
+    pause it leave it running again for the next (`redis_settings`)."""
+    try:
+        server = ThrowawayRedis()
+    except RedisBinaryMissing as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:  # every Redis test errors with this one line, not a traceback each
+        pytest.fail(missing, pytrace=False)
+    with server:
+        yield server
+
+
+@pytest.fixture
+def redis_settings(redis_server: ThrowawayRedis) -> RedisSettings:
+    """Settings of the session's Redis, running and empty."""
+    if not redis_server.is_running():
+        redis_server.start()
+    redis_server.flush()
+    return redis_server.settings()
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs
@@ -204,6 +232,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if unmarked:
         raise pytest.UsageError("these tests use PostgreSQL but lack @pytest.mark.postgres:\n  " + "\n  ".join(unmarked))
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "redis_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("redis") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError("these tests use Redis but lack @pytest.mark.redis:\n  " + "\n  ".join(unmarked))
     if "image" not in (config.getoption("markexpr", default="") or ""):
         image = [item for item in items if item.get_closest_marker("image") is not None]
         if image:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import cbor2
@@ -66,11 +66,13 @@ class AttestationRoots:
         if settings.qa and settings.qa_root_ca_path:
             self.qa = load_root(Path(settings.qa_root_ca_path).read_bytes())
 
-    def select(self, use_qa: bool) -> x509.Certificate:
+    def select(self, use_qa: bool) -> tuple[x509.Certificate, bool]:
+        """The root to verify against, and whether it is the QA root (which also accepts
+        the reference's QA tooling's objects, compatibility.md D60)."""
         if use_qa and self.qa is not None:
             log.warning("app_attest_qa_root_used")
-            return self.qa
-        return self.production
+            return self.qa, True
+        return self.production, False
 
 
 def _decode(text: str, field: str) -> bytes:
@@ -162,7 +164,7 @@ class AppAttest:
         # Apple's samples use; the request path keeps the reference's derivation.
         client_data_hash = sha256(decode_base64(claims["challenge_b64"]))
         app_id = self._app_id(claims["bundle_id"])
-        root = self._roots.select(use_qa)
+        root, qa_tooling = self._roots.select(use_qa)
         started = time.monotonic()
         try:
             # Chain verification is a few milliseconds of CPU: keep it off the loop.
@@ -174,7 +176,8 @@ class AppAttest:
                 app_id=app_id,
                 production=self._settings.production,
                 root=root,
-                now=datetime.now(timezone.utc),
+                now=datetime.now(UTC),
+                qa_tooling=qa_tooling,
             )
         except AttestationInvalid as exc:
             self._metrics.app_attest_latency.labels("error").observe(time.monotonic() - started)

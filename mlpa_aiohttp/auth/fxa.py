@@ -11,8 +11,9 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import jwt
@@ -193,7 +194,7 @@ class FxAVerifier:
                 if response.status != 200:
                     raise FxAVerificationFailed(f"JWKS fetch answered {response.status}")
                 document = await response.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.warning("fxa_jwks_unavailable", error=type(exc).__name__)
             raise FxAVerificationFailed("JWKS unavailable") from None
         keys = {}
@@ -209,7 +210,7 @@ class FxAVerifier:
             async with self._session.post(self._verify_url, json={"token": token}, timeout=self._timeout) as response:
                 payload = await response.json(content_type=None)
                 status = response.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.warning("fxa_verify_unavailable", error=type(exc).__name__)
             raise FxAVerificationFailed("FxA verify unavailable") from None
         if status != 200 or not isinstance(payload, dict):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 MAX_INTEGRITY_TOKEN_LENGTH = 10_000
 DEFAULT_CLOCK_SKEW_SECONDS = 60

@@ -1,7 +1,9 @@
 """Bounded label values: every client-supplied metric label is clamped (compatibility.md §6).
 
 The service-type, purpose and model labels keep the loaded catalogue's names only
-(`LabelBounds`, one per app's `Metrics`), so a label set is as bounded as the catalogue."""
+(`LabelBounds`, one per app's `Metrics`), so a label set is as bounded as the catalogue.
+The fixed sets below, and the catalogue's names, are also the values a metric's series are
+created with at start (known_series.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,24 @@ COUNTRY_CODES = frozenset(
 )
 
 
+# `mlpa_shed_requests_total{reason}` (process/overload.py).
+EVENT_LOOP_LAG = "event_loop_lag"
+OPEN_STREAMS = "open_streams"
+ADMISSIONS = "admissions"
+ACCEPT_QUEUE = "accept_queue"
+SHED_REASONS = (EVENT_LOOP_LAG, ACCEPT_QUEUE, OPEN_STREAMS, ADMISSIONS)
+
+# `at` of `mlpa_budget_rows_restored_total` and `mlpa_budget_links_restored_total`
+# (store/budget_links.py): where a repair happened. Rows are written again on demand only
+# (at start every row is simply written); users are relinked at start and per request.
+AT_START = "start"
+AT_ADMISSION = "admission"
+AT_REQUEST = "request"
+AT_BUDGET_CHANGE = "budget_change"
+BUDGET_ROW_REPAIR_SITES = (AT_ADMISSION, AT_REQUEST, AT_BUDGET_CHANGE)
+BUDGET_LINK_REPAIR_SITES = (AT_START, AT_REQUEST)
+
+
 class LabelBounds:
     """The catalogue's names as label values; anything else is one fixed value."""
 
@@ -37,6 +57,16 @@ class LabelBounds:
         self._models = catalog.known_models
         self._service_types = frozenset(catalog.names)
         self._purposes = frozenset(catalog.all_purposes)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The catalogue's models, sorted: the `model` values known up front."""
+        return tuple(sorted(self._models))
+
+    @property
+    def service_types(self) -> tuple[str, ...]:
+        """The catalogue's service types, sorted: the `service_type` values known up front."""
+        return tuple(sorted(self._service_types))
 
     def model(self, model: str | None) -> str:
         return model if model in self._models else "invalid"

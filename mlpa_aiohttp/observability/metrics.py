@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import multiprocess
 
 from ..catalog import BUILTIN_CATALOG, Catalog
-from .labels import LabelBounds
+from .known_series import KnownLabels, known, known_rows
+from .labels import BUDGET_LINK_REPAIR_SITES, BUDGET_ROW_REPAIR_SITES, SHED_REASONS, LabelBounds
 from .runtime_metrics import GCPauses, WorkerGCCounters, register_multiprocess, register_single_process
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -60,11 +61,18 @@ class _RememberedChildren:
     builds a tuple of `str()` of every value and takes a lock on each call, several times per
     request (3 % of a new stream's instructions, callgrind). The children are the client's
     own, so exposition and the multiprocess files are unchanged; cardinality is bounded
-    before this (labels.py). Removing children forgets them here too."""
+    before this (labels.py). Removing children forgets them here too.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    `known`: the label values known before the first event, whose series are made now, at
+    zero (known_series.py)."""
+
+    def __init__(self, *args: Any, known: KnownLabels | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._remembered: dict[tuple[Any, ...], Any] = {}
+        self.known_labels = known
+        if known is not None:
+            for values in known.label_sets(self._labelnames):  # type: ignore[attr-defined]
+                self.labels(*values)
 
     def labels(self, *values: Any, **by_name: Any) -> Any:
         if by_name:
@@ -105,7 +113,11 @@ class Metrics:
     ) -> None:
         """`multiprocess`: several workers share `PROMETHEUS_MULTIPROC_DIR`; the process and
         GC series are then per worker (observability/runtime_metrics.py). `catalog` bounds
-        the service-type, purpose and model labels (`labels`)."""
+        the service-type, purpose and model labels (`labels`).
+
+        A labelled metric that an alert or an autoscaler reads declares the label values it
+        knows up front with `known=` (known_series.py), so its series exist at 0 from start;
+        tests/e2e/test_series_from_start.py fails for one that does not."""
         self.registry = registry
         self.labels = LabelBounds(catalog)
         # Installed in gc.callbacks for the app's life (app.py, `_worker_gc_metrics_context`).
@@ -115,6 +127,7 @@ class Metrics:
         register_single_process(registry)
         registry.register(self.gc_pauses)
         r = registry
+        b = self.labels
         self.in_progress = Gauge(
             "mlpa_in_progress_requests", "Requests in progress", registry=r, multiprocess_mode="livesum"
         )
@@ -145,12 +158,14 @@ class Metrics:
             "Service types' budget rows written again after LiteLLM's foreign key found them missing",
             ("service_type", "at"),
             registry=r,
+            known=known(service_type=b.service_types, at=BUDGET_ROW_REPAIR_SITES),
         )
         self.budget_links_restored = Counter(
             "mlpa_budget_links_restored",
             "End users whose unset budget (its row had been deleted) was set back to their service type's",
             ("service_type", "at"),
             registry=r,
+            known=known(service_type=b.service_types, at=BUDGET_LINK_REPAIR_SITES),
         )
         self.relayed_bytes = Counter("mlpa_relayed_bytes", "Bytes relayed from LiteLLM to clients", registry=r)
         self.upstream_retries = Counter(
@@ -162,12 +177,27 @@ class Metrics:
         self.stream_keepalives = Counter(
             "mlpa_stream_keepalive_comments", "SSE keep-alive empty lines sent while a first token was pending", registry=r
         )
-        # Overload protection (mlpa_aiohttp/process/overload.py), observed only while it is on.
+        # Overload protection (mlpa_aiohttp/process/overload.py), observed only while it is on;
+        # each shed reason's series exists from start, so the overlay's HPA reads 0, not nothing.
         self.shed_requests = Counter(
-            "mlpa_shed_requests", "New requests shed by overload protection", ("reason",), registry=r
+            "mlpa_shed_requests", "New requests shed by overload protection", ("reason",), registry=r,
+            known=known(reason=SHED_REASONS),
         )
         self.overloaded = Gauge(
             "mlpa_overloaded", "1 while this worker reports itself overloaded", registry=r, multiprocess_mode="livesum"
+        )
+        # The worker's Redis link (fleet/redis_link.py), only while a feature uses Redis.
+        self.redis_up = Gauge(
+            "mlpa_redis_up",
+            "1 while this worker's Redis link is healthy, 0 from a failure to the next success",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.redis_failures = Counter(
+            "mlpa_redis_failures",
+            "Redis calls that failed or were skipped while backing off, by operation and kind",
+            ("operation", "kind"),
+            registry=r,
         )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
@@ -225,7 +255,8 @@ class Metrics:
             registry=r,
         )
         self.ttft = Histogram(
-            "mlpa_chat_completion_ttft_seconds", "Time to first upstream chunk", ("model",), buckets=TTFT_BUCKETS, registry=r
+            "mlpa_chat_completion_ttft_seconds", "Time to first upstream chunk", ("model",), buckets=TTFT_BUCKETS, registry=r,
+            known=known(model=b.models),
         )
         self.tokens = Counter("mlpa_chat_tokens", "Tokens", ("type", *_CHAT), registry=r)
         # Ours: what streams the client left mid-way had been sent, counted from the usage
@@ -252,7 +283,8 @@ class Metrics:
             "mlpa_chat_request_rejections", "Rejected chat requests", ("reason", *_CHAT), registry=r
         )
         self.availability = Counter(
-            "mlpa_chat_availability", "Chat availability samples", ("outcome", "reason", *_CHAT), registry=r
+            "mlpa_chat_availability", "Chat availability samples", ("outcome", "reason", *_CHAT), registry=r,
+            known=known_rows([{"outcome": outcome, "reason": reason} for reason, outcome in AVAILABILITY_OUTCOME.items()]),
         )
         self.search_latency = Histogram(
             "mlpa_search_latency_seconds", "Search latency", ("result",), buckets=SEARCH_BUCKETS, registry=r

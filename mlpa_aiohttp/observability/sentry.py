@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import aiohttp
 import sentry_sdk
@@ -85,7 +86,7 @@ def init_sentry(
         # Release-health sessions would add bookkeeping to every request; metrics cover it.
         auto_session_tracking=False,
         integrations=[AioHttpIntegration(transaction_style="method_and_path_pattern")],
-        before_send=privacy.before_send,
+        before_send=privacy.before_send,  # type: ignore[arg-type]  # sentry's Event is a TypedDict of this dict
         before_breadcrumb=privacy.before_breadcrumb,
     )
     return True
@@ -98,7 +99,7 @@ class PrivacyFilter:
     secrets: tuple[str, ...] = ()
 
     @classmethod
-    def from_secrets(cls, secrets: Iterable[str]) -> "PrivacyFilter":
+    def from_secrets(cls, secrets: Iterable[str]) -> PrivacyFilter:
         usable = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}
         # Longest first, so a secret that contains another one is replaced whole.
         return cls(tuple(sorted(usable, key=len, reverse=True)))
@@ -108,7 +109,7 @@ class PrivacyFilter:
             if not is_reportable(hint):
                 return None
             return self.scrub_event(event)
-        except Exception:
+        except Exception:  # noqa: BLE001 - scrubbing must never let an unscrubbed event through
             _log.error("Sentry event scrubbing failed; sending a stub without details", exc_info=True)
             return withheld_event(event)
 
@@ -121,7 +122,7 @@ class PrivacyFilter:
                     for key, value in data.items()
                 }
             return self._scrub_value(crumb)
-        except Exception:
+        except Exception:  # noqa: BLE001 - as above, for breadcrumbs
             _log.error("Sentry breadcrumb scrubbing failed; breadcrumb dropped", exc_info=True)
             return None
 
@@ -205,6 +206,6 @@ def withheld_event(event: Mapping[str, Any]) -> dict[str, Any] | None:
                 ]
             }
         return stub
-    except Exception:
+    except Exception:  # noqa: BLE001 - the last resort: drop the event
         _log.error("Sentry event dropped: neither scrubbing nor a stub worked", exc_info=True)
         return None

@@ -26,7 +26,7 @@ from .metrics import Metrics
 log = structlog.get_logger("mlpa_aiohttp.server")
 
 
-class ServerLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class ServerLogger(logging.LoggerAdapter):
     def __init__(self, metrics: Metrics) -> None:
         super().__init__(server_logger, {})
         self._metrics = metrics

@@ -466,7 +466,7 @@ def _components(catalog: Catalog) -> Schema:
                         "type": "object",
                         "description": "Only while OVERLOAD_PROTECTION reports this worker overloaded (ours).",
                         "properties": {
-                            # overload.SHED_REASONS (tests/unit/test_overload.py keeps them equal).
+                            # observability/labels.SHED_REASONS (tests/unit/test_overload.py keeps them equal).
                             "reason": {
                                 "type": "string",
                                 "enum": ["event_loop_lag", "accept_queue", "open_streams", "admissions"],

@@ -19,8 +19,8 @@ from typing import Any
 from aiohttp.worker import GunicornUVLoopWebWorker, GunicornWebWorker
 
 from ..settings import SettingsError
-from .startup import DATABASE_HINT, GUNICORN_WORKER_BOOT_ERROR, report_config_error, report_unavailable
 from ..store.base import StoreUnavailable
+from .startup import DATABASE_HINT, GUNICORN_WORKER_BOOT_ERROR, report_config_error, report_unavailable
 
 
 class _ServiceWorker:

@@ -26,7 +26,7 @@ the protection on, the worker knows when it is overloaded and says so early inst
   its upstream connect is not counted).
 * While overloaded, every new request but the health probes and /metrics gets a 503 with
   the reference's generic body and `Retry-After`, before any auth or provisioning work,
-  counted in `mlpa_shed_requests{reason}`. Streams already open are never touched.
+  counted in `mlpa_shed_requests_total{reason}`. Streams already open are never touched.
 * The shedding middleware is the outermost one, before `request_context`: a shed request
   gets no canonical log line and no request metrics, because the line and its context would
   be most of what a shed costs (about 212k instructions, an eighth of a whole new stream:
@@ -53,12 +53,13 @@ import socket
 import stat
 import struct
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable
 
 import structlog
 from aiohttp import web
 
+from ..observability.labels import ACCEPT_QUEUE, ADMISSIONS, EVENT_LOOP_LAG, OPEN_STREAMS
 from ..observability.metrics import Metrics
 from ..settings import OverloadSettings
 
@@ -66,12 +67,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 log = structlog.get_logger(__name__)
 
-# The reasons of `mlpa_shed_requests` (a bounded label set).
-EVENT_LOOP_LAG = "event_loop_lag"
-OPEN_STREAMS = "open_streams"
-ADMISSIONS = "admissions"
-ACCEPT_QUEUE = "accept_queue"
-SHED_REASONS = (EVENT_LOOP_LAG, ACCEPT_QUEUE, OPEN_STREAMS, ADMISSIONS)
+# The reasons of `mlpa_shed_requests_total` (a bounded label set, SHED_REASONS) live with
+# the other label sets in observability/labels.py: their series exist from start.
 
 # Linux `struct tcp_info`: for a listening socket `tcpi_unacked` is the accept queue's
 # current length (and `tcpi_sacked` its limit). Eight one-byte fields, then u32s:
@@ -84,7 +81,7 @@ _TCP_INFO_SIZE = 104
 def listening_sockets() -> list[socket.socket]:
     """This process's listening TCP sockets (gunicorn's inherited one, or run_app's), as
     duplicates: found through /proc/self/fd, so the app needs no handle on its server."""
-    found = []
+    found: list[socket.socket] = []
     try:
         descriptors = os.listdir("/proc/self/fd")
     except OSError:

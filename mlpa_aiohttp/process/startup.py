@@ -8,7 +8,7 @@ when `LOG_JSON` asks for it. The statuses are documented in docs/operations.md (
 from __future__ import annotations
 
 import errno
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..observability.logging import log_startup_failure
 from ..settings import TRUTHY, SettingsError, variable_names

@@ -59,5 +59,5 @@ def client_hung_up(request: web.BaseRequest) -> bool:
 def _loss_cause(request: web.BaseRequest) -> BaseException | None:
     try:
         return request.content.exception()
-    except Exception:  # a request without a body reader
+    except Exception:  # noqa: BLE001 - a request without a body reader
         return None

@@ -23,7 +23,7 @@ frame is written does not change what happened upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from aiohttp import web
 
@@ -74,7 +74,7 @@ class ClientLeft:
     relayed: sse.StreamAccountant | None = None
 
 
-Ending = Union[Completed, Rejected, UpstreamFailed, Silenced, ShutDown, ClientLeft]
+Ending = Completed | Rejected | UpstreamFailed | Silenced | ShutDown | ClientLeft
 
 # The request's ending, set by `record`; read by the request-context middleware.
 ENDING: web.RequestKey[Ending] = web.RequestKey("relay_ending")

@@ -67,7 +67,6 @@ serves every stream. Nothing private is imported at import time.
 from __future__ import annotations
 
 import asyncio
-
 from typing import Any
 
 import aiohttp
@@ -138,11 +137,12 @@ class FastRelay:
         reader: StreamReader,
         upstream_protocol: aiohttp.client_proto.ResponseHandler,
         request: web.Request,
+        client_transport: asyncio.Transport,
         delivery: Delivery,
     ) -> None:
         self._reader = reader
         self._upstream_protocol = upstream_protocol
-        self._client_transport = request.transport
+        self._client_transport = client_transport
         self._client_protocol = request.protocol
         self._writer = request.writer
         self._delivered = delivery.delivered
@@ -183,14 +183,14 @@ class FastRelay:
             or getattr(request.writer, "on_body_write", None) is not None
         ):
             return None
-        relay = cls(reader, connection.protocol, request, delivery)
+        relay = cls(reader, connection.protocol, request, transport, delivery)
         relay._start()
         return relay
 
     def _start(self) -> None:
         """Invariant 1: take the reader, then normalise the upstream reading state."""
         reader = self._reader
-        reader._protocol = self  # type: ignore[attr-defined]
+        reader._protocol = self  # type: ignore[assignment]  # the sink calls back into the relay
         reader.__class__ = _RelaySink
         # Buffered before the take-over; the reader's resume call lands on our no-op.
         buffered = StreamReader.read_nowait(reader, -1)
@@ -282,7 +282,7 @@ class FastRelay:
         self._ended = True
         reader = self._reader
         reader.__class__ = StreamReader
-        reader._protocol = self._upstream_protocol  # type: ignore[attr-defined]
+        reader._protocol = self._upstream_protocol
         self._writer.output_size += self._written
         self._written = 0
 

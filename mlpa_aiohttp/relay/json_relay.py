@@ -52,8 +52,9 @@ async def relay_completion(
             if 200 <= status < 300:
                 payload = json.loads(text)
     except _TRANSPORT_ERRORS as exc:
-        verdict: Classification | Unclassified = judge_failure(exc, relay="completion")
-        ending = endings.UpstreamFailed(verdict)
+        failure = judge_failure(exc, relay="completion")
+        verdict: Classification | Unclassified = failure
+        ending: endings.Ending = endings.UpstreamFailed(failure)
     except asyncio.CancelledError:
         endings.record(request, outcome, endings.of_cancellation(request))
         raise

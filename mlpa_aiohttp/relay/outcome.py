@@ -98,6 +98,7 @@ class CompletionOutcome:
         self._finish("abort", self._metrics.labels.model(self.model), "client_disconnect")
         if relayed is None:
             return
+        counts: tuple[tuple[str, int], ...]
         if relayed.usage_seen:
             kind, counts = "usage", (("prompt", relayed.prompt_tokens), ("completion", relayed.completion_tokens))
         else:

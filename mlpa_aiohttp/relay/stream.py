@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .fast_path import FastRelay
 
 # The fast path's entry (`FastRelay.take_over`), or None for the regular relay only.
-TakeOver = Optional[Callable[[aiohttp.ClientResponse, web.Request, web.StreamResponse, Delivery], "FastRelay | None"]]
+TakeOver = Callable[[aiohttp.ClientResponse, web.Request, web.StreamResponse, Delivery], "FastRelay | None"] | None
 
 
 class StreamRelay:
@@ -169,7 +169,7 @@ class StreamRelay:
                 if self._keepalive is not None:
                     await self._first_byte(upstream)
                 await self._pump(upstream)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             # An upstream error (client writes raise ClientWriteFailed); if the client is
             # gone by now as well, its hang-up is what the stream ended with.
             if isinstance(exc, ConnectionError) and self._request.transport is None:

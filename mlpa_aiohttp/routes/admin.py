@@ -25,8 +25,9 @@ import hmac
 import importlib.resources
 import json
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any
 
 import aiohttp
 from aiohttp import hdrs, web

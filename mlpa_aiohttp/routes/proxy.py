@@ -23,8 +23,8 @@ from ..observability.metrics import Metrics
 from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
-from ..relay.outcome import CompletionOutcome
 from ..relay.keepalive import FirstByteKeepAlive
+from ..relay.outcome import CompletionOutcome
 from ..relay.stream import StreamRelay
 from ..settings import TRUTHY
 from ..upstream.bodies import UpstreamBody, completion_body, search_body

@@ -15,11 +15,13 @@ Secrets are `repr=False`, so a logged settings object never shows them.
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
+from typing import Any, ClassVar, NamedTuple, TypeVar, get_type_hints, overload
 
 from ..catalog import BUILTIN_CATALOG, BudgetTier, Catalog, ServiceType, env_name
 from ..catalog.file import CatalogError, load_catalog
@@ -69,11 +71,11 @@ class _Env:
         value = self.raw(name)
         return default if value is None else value.strip()
 
-    def optional_str(self, name: str) -> str | None:
+    def optional_str(self, name: builtins.str) -> builtins.str | None:
         value = (self.raw(name) or "").strip()
         return value or None
 
-    def _parse(self, name: str, default: T, kind: str, parse: Callable[[str], T]) -> T:
+    def _parse(self, name: builtins.str, default: T, kind: builtins.str, parse: Callable[[builtins.str], T]) -> T:
         value = self.raw(name)
         if value is None or value.strip() == "":
             return default
@@ -83,8 +85,8 @@ class _Env:
             self.problem(f"{name}: expected {kind}, got {value!r}")
             return default
 
-    def bool(self, name: str, default: bool) -> bool:
-        def parse(value: str) -> bool:
+    def bool(self, name: builtins.str, default: bool) -> bool:
+        def parse(value: builtins.str) -> bool:
             lowered = value.lower()
             if lowered in TRUTHY:
                 return True
@@ -94,14 +96,24 @@ class _Env:
 
         return self._parse(name, default, "a boolean (true/false/1/0/yes/no/on/off)", parse)
 
-    def int(self, name: str, default: int, *, minimum: float | None = None) -> int:
+    def int(self, name: builtins.str, default: int, *, minimum: float | None = None) -> int:
         value = self._parse(name, default, "an integer", int)
         if minimum is not None and value < minimum:
             self.problem(f"{name}: must be at least {minimum}, got {value}")
             return default
         return value
 
-    def float(self, name: str, default: float | None, *, minimum: float | None = None) -> float | None:
+    @overload
+    def float(
+        self, name: builtins.str, default: builtins.float, *, minimum: builtins.float | None = None
+    ) -> builtins.float: ...
+    @overload
+    def float(
+        self, name: builtins.str, default: None, *, minimum: builtins.float | None = None
+    ) -> builtins.float | None: ...
+    def float(
+        self, name: builtins.str, default: builtins.float | None, *, minimum: builtins.float | None = None
+    ) -> builtins.float | None:
         """A finite number; None only when the variable is unset and the default is None."""
         value = self._parse(name, default, "a number", float)
         if value is None:
@@ -114,10 +126,10 @@ class _Env:
             return default
         return value
 
-    def str_set(self, name: str, default: frozenset[str] | None) -> frozenset[str] | None:
+    def str_set(self, name: builtins.str, default: frozenset[builtins.str] | None) -> frozenset[builtins.str] | None:
         """A JSON list (the reference's format) or a comma-separated list."""
 
-        def parse(value: str) -> frozenset[str]:
+        def parse(value: builtins.str) -> frozenset[builtins.str]:
             if value.startswith("["):
                 items = json.loads(value)
                 if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -128,7 +140,7 @@ class _Env:
 
         return self._parse(name, default, "a JSON list of strings or a comma-separated list", parse)
 
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+    def choice(self, name: builtins.str, default: builtins.str, choices: tuple[builtins.str, ...]) -> builtins.str:
         """One of `choices`, matched case-insensitively and returned as spelled there."""
         wanted = self.str(name, default).lower()
         for choice in choices:
@@ -304,6 +316,21 @@ def _catalog_capped_types(env: _Env, default: frozenset[str]) -> frozenset[str]:
     return env.catalog.capped_types
 
 
+def _admin_port(env: _Env, default: int | None) -> int | None:
+    """MLPA_ADMIN_PORT: unset for none; a port other than PORT's."""
+    port = env._parse("MLPA_ADMIN_PORT", None, "a port number", int)
+    if port is None:
+        return default
+    if not 1 <= port <= 65535:
+        env.problem(f"MLPA_ADMIN_PORT: must be a port number from 1 to 65535, got {port}")
+        return default
+    public = (env.raw("PORT") or "").strip() or "8080"
+    if public.isdigit() and int(public) == port:
+        env.problem(f"MLPA_ADMIN_PORT: must differ from PORT ({public}), got {port}")
+        return default
+    return port
+
+
 # --- the sections ---------------------------------------------------------------------------
 # Each section's `heading` and docstring head its part of the configuration reference; each
 # variable's `meaning` is its line there (docs/configuration.md, config/example.env).
@@ -439,6 +466,20 @@ class ServerSettings:
         10000,
         minimum=0,
         meaning="Allocations between collections of the garbage collector's young generation (0: CPython's 700).",
+    )
+
+    # compatibility.md D62: the operators' routes on a listener of their own (routes/admin_port.py).
+    admin_port: int | None = derived(
+        _admin_port,
+        documents=(
+            Documented(
+                "MLPA_ADMIN_PORT",
+                "port 1-65535, not `PORT`",
+                "A second listener (`serve` and gunicorn) for `/metrics`, `/admin`, `/user/*`, `/api/docs` and"
+                " `/openapi.json`, which the public port then answers with 404; the health routes answer on"
+                " both. Unset: everything on `PORT`, as the reference.",
+            ),
+        ),
     )
 
     def dead_peer_options(self) -> DeadPeerOptions:
@@ -962,6 +1003,34 @@ class OverloadSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RedisSettings:
+    """The Redis the fleet shares (the reference's traffic contracts; meant to be LiteLLM's own).
+    Contacted only by the features that need it (`fleet/redis_link.py`)."""
+
+    heading: ClassVar[str] = "Redis"
+
+    host: str = variable("REDIS_HOST", "localhost", meaning="Redis host (the reference shares LiteLLM's Redis).")
+    port: int = variable("REDIS_PORT", 6379, minimum=1, meaning="Redis port.")
+    password: str = secret(
+        "REDIS_PASSWORD", "", refused_default=False, meaning="Redis `AUTH` password; empty: none (beyond the reference)."
+    )
+    timeout_ms: int = variable(
+        "REDIS_TIMEOUT_MS",
+        100,
+        minimum=1,
+        meaning="Beyond the reference: the longest any request waits on one Redis call (connect included);"
+        " past it the call counts as a failure and the feature takes its fallback.",
+    )
+    retry_seconds: float = variable(
+        "REDIS_RETRY_SECONDS",
+        1.0,
+        minimum=0.0,
+        meaning="Beyond the reference: after a failure, requests skip Redis (and take the fallback at once) for"
+        " this long; then one request tries again.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class PrivacyFilterSettings:
     """`POST /privacy-filter` (compatibility.md §1.11): FxA-signed-in clients mask sensitive data through a
     separate Privacy Filter service. Off by default; readiness checks the service only when on."""
@@ -1042,6 +1111,7 @@ class Settings:
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
     overload: OverloadSettings = OverloadSettings()
+    redis: RedisSettings = RedisSettings()
     privacy_filter: PrivacyFilterSettings = PrivacyFilterSettings()
 
     @property
@@ -1057,7 +1127,7 @@ class Settings:
     @classmethod
     def from_environ(
         cls, environ: Mapping[str, str], *, demo: bool = False, check_secrets: bool = True
-    ) -> "Settings":
+    ) -> Settings:
         """`check_secrets=False` is for commands that use no secret but the database's
         (`migrate`), so a migration job need not carry the service's keys."""
         reading = cls.read_environ(environ, demo=demo, check_secrets=check_secrets)
@@ -1068,7 +1138,7 @@ class Settings:
     @classmethod
     def read_environ(
         cls, environ: Mapping[str, str], *, demo: bool = False, check_secrets: bool = True
-    ) -> "SettingsReading":
+    ) -> SettingsReading:
         """`from_environ` without raising: each invalid value is replaced by its default and
         described in `problems`. For gunicorn's config file, whose values must be set
         before its `on_starting` hook reports every problem at once."""
@@ -1077,7 +1147,7 @@ class Settings:
         return SettingsReading(settings, tuple(env.problems))
 
     @classmethod
-    def _read(cls, env: _Env, *, demo: bool, check_secrets: bool = True) -> "Settings":
+    def _read(cls, env: _Env, *, demo: bool, check_secrets: bool = True) -> Settings:
         defaults = dict(DEMO_DEFAULTS) if demo else {}
         server = _read_section(env, ServerSettings, defaults)
         if server.debug:
@@ -1131,7 +1201,7 @@ def _read_variable(
         value = env.bool(var.name, default)
     elif kind is int:
         value = env.int(var.name, default, minimum=var.minimum)
-    elif kind == float or kind == float | None:
+    elif kind is float or kind == float | None:
         value = env.float(var.name, default, minimum=var.minimum)
     elif kind is str:
         value = env.str(var.name, default)
@@ -1170,7 +1240,11 @@ def _secret_values(section: Any) -> Iterator[str]:
 
 # Secrets whose documented defaults must never reach production (compatibility.md D13).
 DEFAULT_SECRETS: Mapping[str, str] = MappingProxyType(
-    {var.name: spec.default for spec, var in _variables(Settings) if var.refused_default and var.name}
+    {
+        var.name: spec.default
+        for spec, var in _variables(Settings)
+        if var.refused_default and var.name and isinstance(spec.default, str)
+    }
 )
 
 # HS256 keys shorter than the hash output weaken the MAC (RFC 7518 §3.2).

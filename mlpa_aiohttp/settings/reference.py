@@ -14,8 +14,9 @@ import inspect
 import json
 import re
 import textwrap
+from collections.abc import Iterator
 from dataclasses import Field, dataclass, fields, is_dataclass
-from typing import Any, Iterator, get_type_hints
+from typing import Any, get_type_hints
 
 from ..catalog import BUILTIN_CATALOG, env_name
 from . import (
@@ -79,10 +80,10 @@ def sections() -> tuple[Section, ...]:
             assert var.heading, f"Settings.{spec.name} needs a heading for the reference"
             found.append(Section(var.heading, "", tuple(_entries(spec, hints[spec.name], var, Settings))))
             continue
-        section = hints[spec.name]
-        assert is_dataclass(section), spec.name
+        assert is_dataclass(hints[spec.name]), spec.name
+        section = hints[spec.name]  # a section dataclass (its `heading` is a ClassVar)
         section_hints = get_type_hints(section)
-        entries = []
+        entries: list[Entry] = []
         for inner in fields(section):
             inner_var = field_variable(inner)
             if inner_var is not None:
@@ -171,7 +172,7 @@ def _accepts(kind: Any, var: Variable, secret: bool) -> str:
         text = "boolean"
     elif kind is int:
         text = "integer"
-    elif kind == float or kind == float | None:
+    elif kind is float or kind == float | None:
         text = "number"
     elif kind == frozenset[str]:
         text = "list"

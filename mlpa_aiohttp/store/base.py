@@ -7,13 +7,13 @@ One contract test suite runs against both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from ..catalog import BudgetTier
 from ..wire import is_identifier
-
 
 # Readiness reports this for the databases a memory store does not use (the demo).
 MEMORY_STORE_STATE = "not used (MLPA_STORE=memory)"

@@ -7,26 +7,24 @@ users already on it are left with no budget, which LiteLLM then does not enforce
 are the service's own (the catalogue), so `BudgetLinks` writes a missing row again and
 carries on, and gives users with no budget their tier's back: at their next request (the
 tier is in their id) and at every start. Each repair is one WARNING line and a count in
-`mlpa_budget_rows_restored` / `mlpa_budget_links_restored`.
+`mlpa_budget_rows_restored_total` / `mlpa_budget_links_restored_total`.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import structlog
 
 from ..catalog import BudgetTier
+from ..observability.labels import AT_ADMISSION, AT_BUDGET_CHANGE, AT_REQUEST, AT_START
 from ..observability.metrics import Metrics
 from .base import BudgetMissing, EndUser, StoreUnavailable, UserStore
 
 log = structlog.get_logger(__name__)
 
-# Where a repair happened (the metrics' `at` label).
-AT_START = "start"
-AT_ADMISSION = "admission"
-AT_REQUEST = "request"
-AT_BUDGET_CHANGE = "budget_change"
+# AT_*: where a repair happened, the metrics' `at` label (observability/labels.py).
+
 
 
 class BudgetRestoreFailed(StoreUnavailable):

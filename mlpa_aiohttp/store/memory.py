@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from ..catalog import BudgetTier
 from .base import (
@@ -27,7 +28,7 @@ from .base import (
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class MemoryUserStore:
@@ -84,7 +85,7 @@ class MemoryUserStore:
             budget_id=budget_id,
             max_budget=tier.max_budget if tier else None,
             budget_duration=tier.budget_duration if tier else None,
-            budget_reset_at=self._budget_resets.get(budget_id) if tier else None,
+            budget_reset_at=self._budget_resets.get(budget_id) if tier and budget_id is not None else None,
             tpm_limit=tier.tpm_limit if tier else None,
             rpm_limit=tier.rpm_limit if tier else None,
         )
@@ -156,7 +157,7 @@ class MemoryUserStore:
 
     # -- admin ---------------------------------------------------------------------
     async def list_users(self, limit: int, offset: int) -> tuple[list[Mapping[str, Any]], int]:
-        ordered = [dict(self._users[k]) for k in sorted(self._users)]
+        ordered: list[Mapping[str, Any]] = [dict(self._users[k]) for k in sorted(self._users)]
         return ordered[offset : offset + limit], len(ordered)
 
     async def counts_by_service_type(self) -> dict[str, int]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Awaitable, Callable, Iterator, TypeVar
+from typing import TypeVar
 
 import asyncpg
 
@@ -83,7 +84,7 @@ class Budgets:
     admission: TimeoutBudget
 
     @classmethod
-    def from_settings(cls, pg: PostgresSettings, admission_lock_timeout_ms: int) -> "Budgets":
+    def from_settings(cls, pg: PostgresSettings, admission_lock_timeout_ms: int) -> Budgets:
         def raised(statement_ms: int) -> TimeoutBudget:
             # The idle-in-transaction limit must not cut a transaction the statement
             # limit still allows.
@@ -132,10 +133,9 @@ async def transaction(pool: asyncpg.Pool, budget: TimeoutBudget) -> AsyncIterato
     asyncpg rolls the transaction back and returns the connection (the release is
     shielded) even when the awaiting task is cancelled, so nothing stays held.
     """
-    async with pool.acquire() as conn:
-        async with conn.transaction():
-            await conn.execute(budget.set_local_sql())
-            yield conn
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(budget.set_local_sql())
+        yield conn
 
 
 def _server_settings(pg: PostgresSettings, db_name: str) -> dict[str, str]:
@@ -185,8 +185,11 @@ async def open_pools(pg: PostgresSettings) -> AsyncIterator[Pools]:
         await close_pool(litellm)
 
 
+_CLOSE_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *DATABASE_ERRORS)
+
+
 async def close_pool(pool: asyncpg.Pool, timeout_s: float = 10.0) -> None:
     try:
         await asyncio.wait_for(pool.close(), timeout_s)
-    except (TimeoutError, *DATABASE_ERRORS):
+    except _CLOSE_ERRORS:
         pool.terminate()

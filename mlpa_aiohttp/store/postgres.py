@@ -13,7 +13,8 @@ import datetime
 import decimal
 import logging
 import uuid
-from typing import Any, Awaitable, Mapping, TypeVar
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -108,7 +109,7 @@ def json_ready(value: Any) -> Any:
 def _as_utc(value: datetime.datetime | None) -> datetime.datetime | None:
     """LiteLLM's own migration makes timestamps `timestamp(3)` without a zone, written in UTC."""
     if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=datetime.timezone.utc)
+        return value.replace(tzinfo=datetime.UTC)
     return value
 
 
@@ -152,7 +153,7 @@ class PostgresUserStore:
         self._capacity = SignupCapacity(pools.app, pools.litellm, self._budgets)
 
     @classmethod
-    def from_settings(cls, pools: Pools, customers: CustomerCreator, settings: Settings) -> "PostgresUserStore":
+    def from_settings(cls, pools: Pools, customers: CustomerCreator, settings: Settings) -> PostgresUserStore:
         return cls(
             pools,
             customers,
@@ -241,7 +242,7 @@ class PostgresUserStore:
         await self._capacity.seed(max_identities)
         try:
             count = await self._capacity.reconcile(capped)
-        except Exception as exc:  # best effort: a stale count is better than no service
+        except Exception as exc:  # noqa: BLE001 - best effort: a stale count is better than no service
             log.error("signup capacity reconciliation failed: %s", exc)
         else:
             log.info("signup capacity reconciled: %d managed identities", count)

@@ -9,7 +9,7 @@ found with no budget (its row was deleted) gets its tier's back (budget_links.py
 from __future__ import annotations
 
 import asyncio
-from typing import Collection
+from collections.abc import Collection
 
 import structlog
 

@@ -1315,7 +1315,7 @@ class FakeLiteLLM:
                 ),
                 status=400,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - LiteLLM's generic handler
             # Every other database error: LiteLLM's generic handler, a 500 with its message.
             return web.json_response(
                 _litellm_error(_prisma_style_message(exc), "internal_server_error", 500), status=500

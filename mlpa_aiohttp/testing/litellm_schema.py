@@ -146,7 +146,7 @@ async def _applied_before(conn: asyncpg.Connection, pg: PostgresSettings) -> set
 def _utc_text(value: Any) -> Any:
     """A timestamp as LiteLLM's JSON shows it: ISO 8601 in UTC (its columns hold UTC, no zone)."""
     if isinstance(value, datetime.datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)).isoformat()
+        return (value if value.tzinfo else value.replace(tzinfo=datetime.UTC)).isoformat()
     return value
 
 
@@ -163,7 +163,7 @@ class EndUserTable:
         self._pool = pool  # opened by `open`, with JSON columns decoded
 
     @classmethod
-    async def open(cls, pg: PostgresSettings) -> "EndUserTable":
+    async def open(cls, pg: PostgresSettings) -> EndUserTable:
         pool = await asyncpg.create_pool(
             host=pg.host,
             port=pg.port,

@@ -95,7 +95,7 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
     except (RealLiteLLMDatabase, LiteLLMSchemaUnavailable) as exc:
         print(f"stack: refused: {exc}", file=sys.stderr)
         return 1
-    except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         print(
             f"stack: cannot prepare LiteLLM's schema on {where}: {type(exc).__name__}: {exc}\n"
             "  (the DB_* variables name the server and role; the role needs CREATEDB, see README"

@@ -110,12 +110,13 @@ class PoolAwareConnector(aiohttp.TCPConnector):
         use = _CONNECTION_USE.get()
         if use is not None:
             use.reused = protocol in self._handed_out
-        self._handed_out.add(protocol)
+        if protocol is not None:
+            self._handed_out.add(protocol)
         return connection
 
 
 class DirectConnector(PoolAwareConnector):
-    async def _wrap_create_connection(  # type: ignore[override]
+    async def _wrap_create_connection(
         self,
         *args: Any,
         addr_infos: list[Any],
@@ -133,7 +134,7 @@ class DirectConnector(PoolAwareConnector):
         kwargs.pop("server_hostname", None)  # only meaningful with TLS
         try:
             async with asyncio.timeout(timeout.sock_connect):
-                return await self._loop.create_connection(  # type: ignore[return-value]
+                return await self._loop.create_connection(  # type: ignore[call-overload]  # the factory is in *args
                     *args, host=address[0], port=address[1], family=family, proto=proto, **kwargs
                 )
         except OSError as exc:

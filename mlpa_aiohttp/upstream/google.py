@@ -11,9 +11,10 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -129,8 +130,8 @@ class GoogleAccessTokenProvider:
         if expiry is None:
             return UNKNOWN_EXPIRY_LIFETIME_SECONDS
         # google-auth keeps expiry as a naive UTC datetime.
-        aware = expiry.replace(tzinfo=timezone.utc) if expiry.tzinfo is None else expiry
-        remaining = (aware - datetime.now(timezone.utc)).total_seconds()
+        aware = expiry.replace(tzinfo=UTC) if expiry.tzinfo is None else expiry
+        remaining = (aware - datetime.now(UTC)).total_seconds()
         return max(0.0, remaining - self._refresh_margin)
 
 
@@ -149,7 +150,7 @@ async def decode_integrity_token(
     timeout_seconds: float = 30.0,
 ) -> dict[str, Any]:
     """Ask Google to decode `integrity_token`; return its JSON response (the verdict)."""
-    headers = {aiohttp.hdrs.AUTHORIZATION: f"Bearer {access_token}"}
+    headers: dict[str, str] = {aiohttp.hdrs.AUTHORIZATION: f"Bearer {access_token}"}
     if quota_project:
         headers[GOOGLE_USER_PROJECT] = quota_project
     try:
@@ -164,7 +165,7 @@ async def decode_integrity_token(
             body = await response.json(content_type=None)
     except PlayIntegrityHttpError:
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         raise PlayIntegrityUnavailable(type(exc).__name__) from exc
     if not isinstance(body, dict):
         raise PlayIntegrityUnavailable("response is not a JSON object")

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import aiohttp
 import structlog

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 def _int_header(headers: Mapping[str, str], name: str) -> int:
@@ -38,7 +38,7 @@ class RoutingInfo:
         return "true" if self.attempted_fallbacks > 0 else "false"
 
     @classmethod
-    def from_headers(cls, headers: Mapping[str, str]) -> "RoutingInfo":
+    def from_headers(cls, headers: Mapping[str, str]) -> RoutingInfo:
         backend = (headers.get("x-litellm-model-api-base") or "").strip() or "unknown"
         duration_ms = _non_negative_float(headers, "x-litellm-response-duration-ms")
         return cls(

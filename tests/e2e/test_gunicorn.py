@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from mlpa_aiohttp.observability.metrics import AVAILABILITY_OUTCOME
 from tests.support.gunicorn import Gunicorn, gunicorn_on_fakes, wait_until_live
 
 from ..conftest import chat_body
@@ -108,12 +109,12 @@ async def test_streaming_disconnect_and_metrics_across_workers(gunicorn: Gunicor
         if sample.name == "mlpa_requests_total" and sample.labels["endpoint"] == "/health/liveness"
     ]
     assert sum(liveness) == liveness_answered == sum(per_worker.values())
-    availability = {
-        sample.labels["reason"]: sample.value
-        for sample in families["mlpa_chat_availability"].samples
-        if sample.name == "mlpa_chat_availability_total"
-    }
-    assert availability == {"valid_response": 1.0, "client_disconnect": 1.0}
+    # Every reason has its series from start, at zero (observability/known_series.py).
+    availability = dict.fromkeys(AVAILABILITY_OUTCOME, 0.0)
+    for sample in families["mlpa_chat_availability"].samples:
+        if sample.name == "mlpa_chat_availability_total":
+            availability[sample.labels["reason"]] += sample.value
+    assert availability == {**dict.fromkeys(AVAILABILITY_OUTCOME, 0.0), "valid_response": 1.0, "client_disconnect": 1.0}
 
 
 async def read_until(response: aiohttp.ClientResponse, marker: bytes, timeout: float) -> bytes:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import cbor2
 import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
@@ -77,7 +77,7 @@ class TestAttestationCA:
         intermediate_is_ca: bool = True,
         intermediate_signs_certificates: bool = True,
     ) -> None:
-        issued = now or datetime.now(timezone.utc)
+        issued = now or datetime.now(UTC)
         self._root_key = ec.generate_private_key(ec.SECP384R1())
         self._intermediate_key = ec.generate_private_key(ec.SECP384R1())
         root_name = _name(f"{name} Root CA")
@@ -131,7 +131,7 @@ class TestAttestationCA:
         `nonce_extension_der` replaces the extension's DER value verbatim (parser tests);
         `public_key` may be of any type, `extra_extensions` are (value, critical) pairs.
         """
-        issued = now or datetime.now(timezone.utc)
+        issued = now or datetime.now(UTC)
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(_sha256(nonce).hex()))
@@ -373,3 +373,130 @@ class TestDevice:
 def compact_json(value: object) -> bytes:
     """Request bodies the way the QA client hashes them (compact, non-ASCII kept)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+# ------------------------------------------------------------------ the reference's QA tooling
+
+QA_ROOT_KEY_PASSWORD = b"123"
+# The reference's QA tooling writes six zero bytes, then the nonce (not Apple's DER form).
+QA_TOOLING_NONCE_PREFIX = bytes(6)
+APPLE_NONCE_PREFIX = encode_nonce_extension(bytes(32))[:6]
+
+
+def _qa_key_usage() -> x509.KeyUsage:
+    """The one KeyUsage the QA tooling puts on its root and its leaves alike."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+class QAToolingRoot:
+    """The QA root the reference's QA tooling makes (spec mlpa-1.0.39 §A.17): self-signed
+    RSA-2048, O=pyattest-testing-ca, SHA-256, valid 10 days, KeyUsage and no
+    BasicConstraints; its key kept as PEM encrypted with the password `123`."""
+
+    __test__ = False
+
+    def __init__(self, *, now: datetime | None = None) -> None:
+        issued = now or datetime.now(UTC)
+        self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pyattest-testing-ca")])
+        self.certificate: x509.Certificate = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued)
+            .not_valid_after(issued + timedelta(days=10))
+            .add_extension(_qa_key_usage(), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+        self.key_pem = self._key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(QA_ROOT_KEY_PASSWORD),
+        )
+
+    @property
+    def root_pem(self) -> bytes:
+        return self.certificate.public_bytes(serialization.Encoding.PEM)
+
+    def issue_leaf(self, public_key: ec.EllipticCurvePublicKey, nonce_extension_value: bytes) -> x509.Certificate:
+        """O=pyattest-testing-leaf, valid from now for 10 days, signed with RSA PKCS#1 v1.5
+        SHA-256 by the root key (read back from its encrypted PEM, as the tooling does)."""
+        signing_key = serialization.load_pem_private_key(self.key_pem, password=QA_ROOT_KEY_PASSWORD)
+        assert isinstance(signing_key, rsa.RSAPrivateKey)
+        issued = datetime.now(UTC)
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "pyattest-testing-leaf")]))
+            .issuer_name(self.certificate.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(issued)
+            .not_valid_after(issued + timedelta(days=10))
+            .add_extension(_qa_key_usage(), critical=False)
+            .add_extension(x509.UnrecognizedExtension(NONCE_EXTENSION_OID, nonce_extension_value), critical=False)
+            .sign(signing_key, hashes.SHA256())
+        )
+
+
+class QAToolingDevice(TestDevice):
+    """A device key attested the way the reference's QA tooling attests it (§A.17):
+    x5c = [leaf, QA root], an empty receipt, authData with flags 0x00, counter 0, AAGUID
+    `appattestdevelop` and a COSE EC2 key, the nonce behind six zero bytes. Assertions and
+    JWT envelopes are the ordinary device's."""
+
+    __test__ = False
+
+    def __init__(self, root: QAToolingRoot, team_id: str, bundle_id: str) -> None:
+        # No Apple-like CA: the QA root signs the leaf itself.
+        self.qa_root = root
+        self.team_id = team_id
+        self.bundle_id = bundle_id
+        self.production = False
+        self._private_key = ec.generate_private_key(ec.SECP256R1())
+        self.public_point = self._private_key.public_key().public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        )
+
+    def attest(  # type: ignore[override]  # the QA tooling's knobs, not the Apple-like device's
+        self,
+        challenge: bytes,
+        *,
+        nonce_prefix: bytes = QA_TOOLING_NONCE_PREFIX,
+        leaf_only: bool = False,
+        extra_certificate: x509.Certificate | None = None,
+    ) -> bytes:
+        """The QA tooling's attestation object for `challenge` (its UTF-8 bytes, which the
+        tooling hashes into the clientDataHash). Variants, one deviation each:
+        `nonce_prefix` replaces the six zero bytes before the nonce (Apple's DER header:
+        `APPLE_NONCE_PREFIX`), `leaf_only` leaves the root out of x5c, `extra_certificate`
+        is sent last in x5c in the root's place."""
+        numbers = self._private_key.public_key().public_numbers()
+        cose_key = cbor2.dumps({1: 2, 3: -7, -1: 1, -2: numbers.x.to_bytes(32, "big"), -3: numbers.y.to_bytes(32, "big")})
+        auth_data = (
+            _sha256(self.app_id.encode("utf-8"))
+            + b"\x00"  # flags
+            + (0).to_bytes(4, "big")  # counter
+            + AAGUID_DEVELOPMENT
+            + len(self.key_id).to_bytes(2, "big")
+            + self.key_id
+            + cose_key
+        )
+        nonce = _sha256(auth_data + _sha256(challenge))
+        leaf = self.qa_root.issue_leaf(self._private_key.public_key(), nonce_prefix + nonce)
+        x5c = [leaf.public_bytes(serialization.Encoding.DER)]
+        if not leaf_only:
+            last = extra_certificate or self.qa_root.certificate
+            x5c.append(last.public_bytes(serialization.Encoding.DER))
+        return cbor2.dumps({"fmt": ATTESTATION_FORMAT, "attStmt": {"x5c": x5c, "receipt": b""}, "authData": auth_data})

@@ -4,11 +4,14 @@ otherwise they stay off with one WARNING naming the version, and the public path
 
 from __future__ import annotations
 
+import configparser
 import subprocess
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
+from packaging.requirements import Requirement
 
 from mlpa_aiohttp.process import aiohttp_internals
 from mlpa_aiohttp.relay import fast_path
@@ -16,6 +19,8 @@ from tests.conftest import chat_body, events
 
 LOWEST = ".".join(map(str, aiohttp_internals.TESTED_LOWEST))
 HIGHEST = ".".join(map(str, aiohttp_internals.TESTED_HIGHEST))
+MAJOR, MINOR, PATCH = aiohttp_internals.TESTED_HIGHEST
+NEXT_PATCH = f"{MAJOR}.{MINOR}.{PATCH + 1}"  # a security release setup.cfg allows and the range does not name
 
 
 def test_the_running_aiohttp_is_in_the_tested_range() -> None:
@@ -29,13 +34,33 @@ def test_both_ends_of_the_range_pass(version: str, caplog) -> None:
     assert events(caplog, "aiohttp_internals_fenced_off") == []
 
 
-@pytest.mark.parametrize("version", ["3.13.5", "3.14.6", "3.15.0", "4.0.0", "3.14.6a1", "3.14.5.dev0", "nonsense"])
+@pytest.mark.parametrize(
+    "version", ["3.13.5", NEXT_PATCH, "3.15.0", "4.0.0", f"{NEXT_PATCH}a1", f"{HIGHEST}.dev0", "nonsense"]
+)
 def test_a_version_outside_the_range_is_fenced_off_with_one_warning(version: str, caplog) -> None:
     assert not aiohttp_internals.fence("relay fast path", [], version=version)
     [line] = events(caplog, "aiohttp_internals_fenced_off")
     assert line["level"] == "WARNING"
     assert (line["use"], line["aiohttp_version"]) == ("relay fast path", version)
     assert line["tested_range"] == f"{LOWEST}-{HIGHEST}"
+
+
+def test_setup_cfg_allows_the_tested_range_and_later_patches_only() -> None:
+    """setup.cfg's bound starts at the tested range and lets the same minor's patch releases
+    in (security fixes); the fence, not the bound, keeps an untested one off the internals."""
+    parser = configparser.ConfigParser()
+    parser.read(Path(__file__).parents[2] / "setup.cfg")
+    lines = [line.split("#")[0].strip() for line in parser["options"]["install_requires"].splitlines()]
+    [requirement] = [Requirement(line) for line in lines if line and Requirement(line).name == "aiohttp"]
+    allowed = requirement.specifier
+    assert {(clause.operator, clause.version) for clause in allowed} == {(">=", LOWEST), ("<", f"{MAJOR}.{MINOR + 1}")}
+    assert all(allowed.contains(version) for version in (LOWEST, HIGHEST, NEXT_PATCH))
+
+
+def test_a_newer_patch_setup_cfg_allows_takes_the_public_path(caplog) -> None:
+    assert not fast_path.usable(version=NEXT_PATCH)
+    [line] = events(caplog, "aiohttp_internals_fenced_off")
+    assert (line["level"], line["aiohttp_version"], line["fallback"]) == ("WARNING", NEXT_PATCH, "public aiohttp API")
 
 
 def test_a_missing_attribute_fences_off_even_in_range(caplog) -> None:

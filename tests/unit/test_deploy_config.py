@@ -59,6 +59,7 @@ SECRET_VARIABLES = frozenset(
         "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
         "DB_PASSWORD",
         "SENTRY_DSN",
+        "REDIS_PASSWORD",
         "PRIVACY_FILTER_MASTER_KEY",
     }
 )
@@ -406,8 +407,9 @@ def test_keepalive_outlasts_google_load_balancer(monkeypatch: pytest.MonkeyPatch
 
 def test_probes_point_at_the_health_routes() -> None:
     container = main_container()
-    [port] = container["ports"]
-    assert (port["name"], port["containerPort"]) == ("http", 8080)
+    # The clients' port, and the operators' (MLPA_ADMIN_PORT, tests/unit/test_deploy_fronts.py).
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": 8080, "admin": 9090}
     expectations = {"livenessProbe": "/health/liveness", "readinessProbe": "/health/readiness"}
     for probe_name, path in expectations.items():
         probe = container[probe_name]
@@ -420,7 +422,8 @@ def test_probes_point_at_the_health_routes() -> None:
 
 def test_bind_port_matches_container_port(monkeypatch: pytest.MonkeyPatch) -> None:
     conf = load_gunicorn_conf(monkeypatch, manifest_env())
-    assert conf["bind"] == [f"0.0.0.0:{main_container()['ports'][0]['containerPort']}"]
+    ports = {port["name"]: port["containerPort"] for port in main_container()["ports"]}
+    assert conf["bind"] == [f"0.0.0.0:{ports['http']}", f"0.0.0.0:{ports['admin']}"]
 
 
 @pytest.mark.parametrize("kind", ["Deployment", "Job"])

@@ -332,7 +332,8 @@ async def test_metrics_exposition(service: Service) -> None:
     families = {family.name: family for family in text_string_to_metric_families(await response.text())}
     assert "mlpa_chat_availability" in families
     assert "mlpa_request_latency_seconds" in families
-    (sample,) = [s for s in families["mlpa_chat_availability"].samples if s.name == "mlpa_chat_availability_total"]
+    # One sample counted; the others are the series every reason has from start, at zero.
+    (sample,) = [s for s in families["mlpa_chat_availability"].samples if s.name == "mlpa_chat_availability_total" and s.value]
     assert sample.labels == {"outcome": "success", "reason": "valid_response", **CHAT}
 
 

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mlpa_aiohttp import keys
 from mlpa_aiohttp.observability.metrics import Metrics
-from mlpa_aiohttp.process.overload import SHED_REASONS, LoadMonitor, accept_queue_length, listening_sockets
+from mlpa_aiohttp.observability.labels import SHED_REASONS
+from mlpa_aiohttp.process.overload import LoadMonitor, accept_queue_length, listening_sockets
 from mlpa_aiohttp.settings import OverloadSettings, Settings, SettingsError
 from prometheus_client import CollectorRegistry
 
@@ -69,6 +70,10 @@ class SustainedLag:
 async def readiness(service: Service) -> tuple[int, dict[str, Any]]:
     response = await service.client.get("/health/readiness")
     return response.status, await response.json()
+
+
+# Every reason's series exists from start, at zero (observability/known_series.py).
+NOTHING_SHED = dict.fromkeys(SHED_REASONS, 0.0)
 
 
 def shed_counts(text: str) -> dict[str, float]:
@@ -149,7 +154,7 @@ async def test_shedding_answers_503_fast_while_open_streams_keep_streaming(
     # Probes and the scrape are never shed.
     assert (await service.client.get("/health/liveness")).status == 200
     text = await scrape(service)
-    assert shed_counts(text) == {"event_loop_lag": 2.0}
+    assert shed_counts(text) == {**NOTHING_SHED, "event_loop_lag": 2.0}
     # One WARNING for the episode, no request line per shed request; one INFO at its end.
     [started_line] = events(caplog, "overload_shedding_started")
     assert started_line["level"] == "WARNING" and started_line["reason"] == "event_loop_lag"
@@ -196,7 +201,7 @@ async def test_open_stream_bound_sheds_new_requests_and_readiness_says_why(make_
         await asyncio.sleep(0.01)
     served = await service.chat(chat_body())
     assert served.status == 200
-    assert shed_counts(await scrape(service)) == {"open_streams": 1.0}
+    assert shed_counts(await scrape(service)) == {**NOTHING_SHED, "open_streams": 1.0}
 
 
 async def test_admission_bound_counts_requests_until_their_first_byte(make_service: ServiceFactory) -> None:
@@ -226,7 +231,7 @@ async def test_admission_bound_counts_requests_until_their_first_byte(make_servi
     assert served.status == 200
     await stream.read()
     assert monitor.admissions == 0
-    assert shed_counts(await scrape(service)) == {"admissions": 1.0}
+    assert shed_counts(await scrape(service)) == {**NOTHING_SHED, "admissions": 1.0}
 
 
 async def test_off_by_default_nothing_sheds_and_readiness_ignores_lag(service: Service) -> None:
@@ -261,7 +266,7 @@ async def test_a_request_whose_client_left_before_it_was_read_does_no_work(
     assert len(service.litellm.requests_to("/v1/chat/completions")) == calls_before
     assert len(service.fxa.verify_calls) == verifications_before
     # aiohttp dropped it before any middleware: nothing was shed either.
-    assert shed_counts(await scrape(service)) == {}
+    assert shed_counts(await scrape(service)) == NOTHING_SHED
 
 
 def test_hysteresis_state_machine() -> None:
