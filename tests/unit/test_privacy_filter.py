@@ -271,7 +271,7 @@ async def test_generic_instrumentation_labels_the_route(filter_service) -> None:
 
 def test_the_default_key_is_refused_only_while_the_filter_is_on() -> None:
     assert Settings.from_environ(TEST_SECRETS).privacy_filter.enabled is False
-    with pytest.raises(SettingsError, match="PRIVACY_FILTER_MASTER_KEY: not set.*while PRIVACY_FILTER_ENABLED is on"):
+    with pytest.raises(SettingsError, match=r"PRIVACY_FILTER_MASTER_KEY: not set.*while PRIVACY_FILTER_ENABLED is on"):
         Settings.from_environ({**TEST_SECRETS, "PRIVACY_FILTER_ENABLED": "true"})
     with pytest.raises(SettingsError, match="PRIVACY_FILTER_MASTER_KEY: still the documented default"):
         Settings.from_environ({**TEST_SECRETS, "PRIVACY_FILTER_ENABLED": "true", "PRIVACY_FILTER_MASTER_KEY": "sk-default"})
