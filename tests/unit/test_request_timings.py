@@ -246,3 +246,46 @@ def test_the_tail_tells_a_done_ending(chunks: list[bytes], separator: bytes | No
     for chunk in chunks:
         tail.add(chunk)
     assert tail.spans_event_separator() == separator
+
+
+# -- the middleware on any route ----------------------------------------------------------------
+
+
+async def test_validators_are_dropped_and_only_json_objects_change(aiohttp_client, fake_litellm_server, fake_fxa_server) -> None:
+    """Routes of the test's own, mounted beside the service's: the middleware is generic."""
+    from aiohttp import web
+
+    _, litellm_server = fake_litellm_server
+    _, fxa_server = fake_fxa_server
+    app = create_app(make_settings(str(litellm_server.make_url("")).rstrip("/"), str(fxa_server.make_url("/v1"))))
+    validators = {"ETag": '"abc"', "Content-MD5": "x", "Digest": "sha-256=x", "Content-Digest": "sha-256=:x:"}
+
+    async def with_validators(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"a": 1}', content_type="application/problem+json", headers=validators)
+
+    async def array(request: web.Request) -> web.Response:
+        return web.Response(body=b"[1, 2]", content_type="application/json", headers=validators)
+
+    async def created(request: web.Request) -> web.Response:
+        return web.json_response({"a": 1}, status=201)
+
+    app.router.add_get("/test-validators", with_validators)
+    app.router.add_get("/test-array", array)
+    app.router.add_get("/test-created", created)
+    client = await aiohttp_client(app)
+
+    response = await client.get("/test-validators", headers=TIMED)
+    raw = await response.read()
+    assert json.loads(raw)["a"] == 1 and names(json.loads(raw)["spans"]) == ["total"]
+    assert int(response.headers["Content-Length"]) == len(raw)
+    assert not set(validators) & set(response.headers)
+
+    response = await client.get("/test-array", headers=TIMED)
+    assert await response.read() == b"[1, 2]"
+    assert response.headers["ETag"] == '"abc"'
+
+    response = await client.get("/test-created", headers=TIMED)
+    assert await response.json() == {"a": 1}
+
+    response = await client.head("/test-validators", headers=TIMED)
+    assert response.status == 200 and response.headers["ETag"] == '"abc"'
