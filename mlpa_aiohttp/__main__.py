@@ -285,11 +285,13 @@ async def _demo(port: int, log_level: str) -> int:
     from .store.memory import MemoryUserStore
     from .testing.fake_fxa import FakeFxA
     from .testing.fake_litellm import FakeLiteLLM, MemoryCustomerTable
+    from .testing.fake_privacy_filter import FakePrivacyFilter
 
     configure_logging(level=log_level, json=False)
     litellm_customers = MemoryCustomerTable()
     fake_litellm = FakeLiteLLM(interval=0.05, chunks=20, customer_table=litellm_customers)
     fake_fxa = FakeFxA()
+    fake_privacy_filter = FakePrivacyFilter()
     ui_key = os.environ.get("MLPA_UI_ACCESS_KEY", "").strip() or f"demo-ui-{secrets.token_urlsafe(12)}"
     runners: list[web.AppRunner] = []
     try:
@@ -297,6 +299,8 @@ async def _demo(port: int, log_level: str) -> int:
         runners.append(litellm_runner)
         fxa_runner, fxa_port = await _start(fake_fxa.make_app(), "127.0.0.1", 0)
         runners.append(fxa_runner)
+        filter_runner, filter_port = await _start(fake_privacy_filter.make_app(), "127.0.0.1", 0)
+        runners.append(filter_runner)
         environ = {
             **os.environ,
             "LITELLM_API_BASE": f"http://127.0.0.1:{litellm_port}",
@@ -305,6 +309,9 @@ async def _demo(port: int, log_level: str) -> int:
             "MASTER_KEY": fake_litellm.master_key,
             "MLPA_UI_ACCESS_KEY": ui_key,
             "MLPA_STORE": "memory",
+            "PRIVACY_FILTER_ENABLED": "true",
+            "PRIVACY_FILTER_API_BASE": f"http://127.0.0.1:{filter_port}",
+            "PRIVACY_FILTER_MASTER_KEY": fake_privacy_filter.api_key,
             # One port, the one the banner's URLs name (/metrics and /admin included).
             "MLPA_ADMIN_PORT": "",
         }
@@ -340,6 +347,10 @@ def demo_banner(base: str, litellm_port: int, fxa_port: int, token: str, ui_key:
             f"mlpa-aiohttp demo ready on {base} (fake LiteLLM :{litellm_port}, fake FxA :{fxa_port}, users in memory)",
             f"  curl -N {base}/v1/chat/completions -H 'authorization: Bearer {token}' "
             f"-H 'service-type: ai' -H 'content-type: application/json' -d '{DEMO_PROMPT}'",
+            (
+                f"  curl {base}/privacy-filter -H 'authorization: Bearer {token}' -H 'content-type: application/json'"
+                " -d '{\"items\": [\"mail jane@example.com\"]}'   (fake Privacy Filter)"
+            ),
             f"  API docs      {base}/api/docs",
             f"  admin page    {base}/admin   (asks for the UI access key below)",
             f"  metrics       {base}/metrics",

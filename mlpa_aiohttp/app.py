@@ -42,7 +42,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
-from .middlewares import add_security_headers, error_mapping, request_context
+from .middlewares import add_security_headers, error_mapping, request_context, request_timings
 from .models import RequestRules
 from .observability.logging import configure_logging
 from .observability.metrics import Metrics
@@ -74,6 +74,7 @@ from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
+from .upstream.privacy_filter import PrivacyFilterClient
 from .upstream.reachability import warn_if_litellm_unreachable
 
 MAX_HEADER_FIELD_BYTES = 32 * 1024
@@ -94,7 +95,8 @@ def create_app(settings: Settings) -> web.Application:
     admin_port = settings.server.admin_port
     listeners = [listener_split(admin_port)] if admin_port is not None else []
     app = web.Application(
-        middlewares=[*shedding, request_context, error_mapping, *listeners],
+        # Timing spans next (middlewares.py): only requests with `debug-timing: true` get any.
+        middlewares=[*shedding, request_timings, request_context, error_mapping, *listeners],
         client_max_size=settings.server.max_request_size_bytes,
         # Cancel the handler when the client's connection is lost: the disconnect
         # signal costs nothing while a stream idles. Set here, not on a runner, so
@@ -180,6 +182,7 @@ async def _upstream_context(app: web.Application) -> AsyncIterator[None]:
     async with open_session(settings.upstream) as session:
         app[keys.HTTP_SESSION] = session
         app[keys.LITELLM] = LiteLLMClient(session, settings.upstream, app[keys.METRICS])
+        app[keys.PRIVACY_FILTER] = PrivacyFilterClient(session, settings.privacy_filter)
         watch = asyncio.create_task(app[keys.STREAMS].watch_silence(settings.upstream.streaming_timeout_seconds))
         try:
             yield

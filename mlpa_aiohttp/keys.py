@@ -16,6 +16,7 @@ from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .models import RequestRules
 from .observability.metrics import Metrics
+from .observability.timing import RequestTimings
 from .relay.keepalive import FirstByteKeepAlive
 from .relay.stream import TakeOver
 from .relay.tracker import StreamTracker
@@ -26,6 +27,7 @@ from .store.pools import Pools
 from .store.provisioning import Provisioner
 from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
+from .upstream.privacy_filter import PrivacyFilterClient
 
 if TYPE_CHECKING:
     # process/overload.py is a middleware module (it imports aiohttp.web): named for the type only.
@@ -53,3 +55,8 @@ PROVISIONER = web.AppKey("provisioner", Provisioner)
 APP_ATTEST = web.AppKey("app_attest", AppAttest)
 PLAY_INTEGRITY = web.AppKey("play_integrity", PlayIntegrity)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+# The Privacy Filter service (`POST /privacy-filter`, readiness), on HTTP_SESSION.
+PRIVACY_FILTER = web.AppKey("privacy_filter", PrivacyFilterClient)
+# Per request (middlewares.request_timings): its spans when it sent `debug-timing: true`, else
+# None. Always set, so reading it is a plain lookup (a missing key would raise and catch).
+REQUEST_TIMINGS: web.RequestKey[RequestTimings | None] = web.RequestKey("request_timings")

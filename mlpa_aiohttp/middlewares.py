@@ -2,13 +2,21 @@
 
 0. With OVERLOAD_PROTECTION only, `overload.shed_when_overloaded`, before everything here
    (a shed request's log line would cost more than its 503; process/overload.py).
-1. `request_context` binds the log context, times the request and writes the one
+1. `request_timings` (compatibility.md D50): without `debug-timing: true` it only reads the
+   header. With it, the request carries a `RequestTimings` (`keys.REQUEST_TIMINGS`) the routes
+   record their spans in; a JSON 200 whose body is an object gains `spans` (re-encoded,
+   Content-Length recomputed, validators dropped) and is sent from here, so the logged total
+   runs to the final body send; a stream adds its spans event itself (`relay/stream.py`, after
+   `data: [DONE]`). Every such request logs one INFO `Request timings`, whatever its status,
+   also when it fails. Outermost of our own, so `total` covers the log line, error mapping and
+   the 413s, as the reference's does.
+2. `request_context` binds the log context, times the request and writes the one
    canonical log line, also for a cancelled handler (the client left: `client_disconnected`,
    499; shutdown ended it: `ended_by_shutdown`, 503; `relay/ending.request_line` says which,
    from the relay's ending on the request), and the request metrics of every completed
-   response. Outermost, so it sees the final status of everything below, 413s
-   and 404s included.
-2. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
+   response. Outside the handlers and error mapping, so it sees the final status of everything
+   below, 413s and 404s included.
+3. `error_mapping` turns domain errors and aiohttp's HTTP exceptions into the reference's
    JSON bodies; unhandled exceptions become a 500 JSON body, logged once with traceback.
    It also applies the Content-Length limit (compatibility.md D7) before any handler reads.
 
@@ -33,6 +41,8 @@ from . import keys
 from .errors import ApiError, PayloadTooLarge
 from .observability import log_context
 from .observability.labels import clamp_method, major_firefox_version
+from .observability.timing import HEADER as TIMING_HEADER
+from .observability.timing import RequestTimings, json_with_spans, requested
 from .relay.ending import request_line
 
 log = structlog.get_logger("mlpa_aiohttp.request")
@@ -182,3 +192,66 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
         if server.hsts_include_subdomains:
             value += "; includeSubDomains"
         response.headers[header_names.STRICT_TRANSPORT_SECURITY] = value
+
+
+# -- timing spans (compatibility.md D50) -------------------------------------------------------
+
+_TIMINGS_LOG = structlog.get_logger("mlpa_aiohttp.request_timings")
+
+
+@web.middleware
+async def request_timings(request: web.Request, handler: Handler) -> web.StreamResponse:
+    value = request.headers.get(TIMING_HEADER)
+    if value is None or not requested(value):
+        request[keys.REQUEST_TIMINGS] = None
+        return await handler(request)
+    timings = RequestTimings()
+    request[keys.REQUEST_TIMINGS] = timings
+    status = 500
+    complete = False
+    try:
+        response = await handler(request)
+        status = response.status
+        if not response.prepared:
+            if isinstance(response, web.Response):
+                _add_spans(request, response, timings)
+            # Sent here (aiohttp's own prepare and write_eof then do nothing more), so that the
+            # logged total and `response_complete` cover the body's send.
+            await response.prepare(request)
+            await response.write_eof()
+        complete = True
+        return response
+    finally:
+        _TIMINGS_LOG.info(
+            "Request timings",
+            spans=timings.as_list(),
+            method=request.method,
+            path=request.path,
+            status_code=status,
+            response_complete=complete,
+        )
+
+
+# A body rewritten no longer matches these.
+_VALIDATORS = (hdrs.CONTENT_LENGTH, hdrs.ETAG, "Content-MD5", "Digest", "Content-Digest")
+
+
+def _add_spans(request: web.Request, response: web.Response, timings: RequestTimings) -> None:
+    """Only a 200 JSON object sent whole and unencoded."""
+    content_type = response.content_type
+    body = response.body
+    if (
+        response.status != 200
+        or request.method == hdrs.METH_HEAD
+        or not (content_type == "application/json" or content_type.endswith("+json"))
+        or not isinstance(body, (bytes, bytearray))
+        or hdrs.CONTENT_ENCODING in response.headers
+        or response.compression
+    ):
+        return
+    rewritten = json_with_spans(bytes(body), timings)
+    if rewritten is None:
+        return
+    for name in _VALIDATORS:
+        response.headers.popall(name, None)
+    response.body = rewritten

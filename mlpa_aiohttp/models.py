@@ -67,11 +67,22 @@ class MockNoAuthHeaders(BaseModel):
     service_type: str = Field(DEFAULT_CHAT_SERVICE_TYPE, alias=header_names.SERVICE_TYPE)
 
 
+class PrivacyFilterHeaders(BaseModel):
+    """`POST /privacy-filter`: FxA only, so no service type or device headers are read."""
+
+    model_config = _TEXT_VALUES
+
+    authorization: str = Field(repr=False)
+
+
 def _names_of(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(info.alias or name for name, info in model.model_fields.items())
 
 
-_HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {AttestHeaders: _names_of(AttestHeaders)}
+_HEADER_NAMES: dict[type[BaseModel], tuple[str, ...]] = {
+    AttestHeaders: _names_of(AttestHeaders),
+    PrivacyFilterHeaders: _names_of(PrivacyFilterHeaders),
+}
 
 
 def _header_values(model: type[BaseModel], headers: Mapping[str, str]) -> dict[str, str]:
@@ -255,6 +266,28 @@ class SearchRequest(BaseModel):
 
     query: str
     max_results: int = Field(ge=1, le=10)
+
+
+# -- /privacy-filter ------------------------------------------------------------------------
+
+
+class PrivacyFilterRequest(BaseModel):
+    """`POST /privacy-filter` (compatibility.md §1.11): the strings to mask; nothing else is read."""
+
+    model_config = _JSON_BODY
+
+    # repr=False: the items are what the client wants masked, never to be logged.
+    items: list[str] = Field(repr=False)
+
+
+def parse_privacy_filter(raw: bytes, headers: Mapping[str, str]) -> tuple[PrivacyFilterHeaders, PrivacyFilterRequest]:
+    """Headers and body together (one 422 listing every problem)."""
+    errors: list[Problem] = []
+    filter_headers = parse_headers(PrivacyFilterHeaders, headers, errors)
+    body = validate_json_body(PrivacyFilterRequest, raw, errors)
+    if errors or filter_headers is None or body is None:
+        raise RequestInvalid(errors)
+    return filter_headers, body
 
 
 # -- /verify -------------------------------------------------------------------------------

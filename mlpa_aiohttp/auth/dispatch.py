@@ -80,6 +80,13 @@ class Authenticator:
         uid = await self._verify_fxa(bearer_token(headers.authorization))
         return Principal(uid, service_type, purpose, method)
 
+    async def fxa_uid(self, authorization: str) -> str:
+        """FxA alone, as the FxA path of `authenticate` verifies it (`POST /privacy-filter`):
+        the bare uid, no service type, no device or dev-key headers."""
+        if not authorization:
+            raise AuthRejected(MISSING_AUTHORIZATION)
+        return await self._verify_fxa(bearer_token(authorization))
+
     async def _device(
         self,
         authenticator: DeviceAuthenticator | None,

@@ -31,7 +31,7 @@ from ..errors import (
     GLOBAL_BUDGET_RETRY_AFTER_SECONDS,
     TOO_MANY_STREAMS_RETRY_AFTER_SECONDS,
 )
-from ..models import ChatBody, SearchRequest
+from ..models import ChatBody, PrivacyFilterRequest, SearchRequest
 from ..relay.sse import SHUTDOWN_EVENT
 from ..settings import TRUTHY
 from ..store.base import MEMORY_STORE_STATE
@@ -166,6 +166,7 @@ def _proxy_headers(catalog: Catalog, service_types: tuple[str, ...], *, default:
         ),
         _header(header_names.GEO_COUNTRY, "ISO 3166-1 alpha-2 country stamped by the edge (metrics only)."),
         _header(header_names.SESSION_ID, "Client session id (logging only)."),
+        _debug_timing_header(),
     ]
 
 
@@ -289,6 +290,50 @@ def _usage_operation(catalog: Catalog) -> Schema:
     }
 
 
+def _privacy_filter_operation() -> Schema:
+    return {
+        "tags": ["privacy filter"],
+        "summary": "Mask sensitive data (e-mail addresses etc.) in a batch of strings",
+        "description": "Proxied to the Privacy Filter service. FxA access tokens only (no App Attest, Play "
+        "Integrity or dev key); no budget applies. Off unless `PRIVACY_FILTER_ENABLED` is true: then 503 "
+        "before any authentication (a malformed request is still 422).",
+        "security": [{"ClientAuth": []}],
+        "parameters": [
+            _header(str(hdrs.AUTHORIZATION), "`Bearer <FxA access token>`.", required=True),
+            _debug_timing_header(),
+        ],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("PrivacyFilterRequest")}}},
+        "responses": {
+            "200": _json(_ref("PrivacyFilterResult"), "The masked items"),
+            "400": _json(_ref("DetailMessage"), "A body that cannot be read as " + BODY_UNPARSEABLE_TEXT + "."),
+            "401": _json(
+                _ref("DetailMessage"),
+                "`{\"detail\": \"Missing authorization header\"}` or `{\"detail\": \"Invalid FxA auth\"}`.",
+            ),
+            "413": _json(_ref("DetailErrorCode"), "Request body larger than `MAX_REQUEST_SIZE_BYTES`."),
+            "422": _json(_ref("HTTPValidationError"), "`items` missing or not a list of strings, or no `authorization`."),
+            "502": _json(
+                _ref("DetailErrorMessage"),
+                "The Privacy Filter failed (any status but 2xx, unreachable, too slow, not a JSON object): "
+                "`{\"detail\": {\"error\": \"Failed to proxy request to Privacy Filter\"}}`.",
+            ),
+            "503": _json(
+                _ref("DetailErrorMessage"),
+                "Disabled: `{\"detail\": {\"error\": \"Privacy Filter is disabled.\"}}`.",
+            ),
+        },
+    }
+
+
+def _debug_timing_header() -> Schema:
+    return _header(
+        "debug-timing",
+        "`true` (trimmed, any case; nothing else) adds timing spans: a JSON 200 object gains a `spans` "
+        "array of `{name, start_ms, duration_ms}` (`total`, `auth`, `traffic_contract`, `db`, `upstream`), "
+        "a stream ending in `data: [DONE]` gets one more event `data: {\"spans\": [...]}`.",
+    )
+
+
 def _components(catalog: Catalog) -> Schema:
     return {
         "securitySchemes": {
@@ -368,6 +413,26 @@ def _components(catalog: Catalog) -> Schema:
             },
             "ChatCompletion": {"type": "object", "description": "LiteLLM's chat completion JSON, unchanged."},
             "SearchRequest": SearchRequest.model_json_schema(),
+            "PrivacyFilterRequest": {
+                **PrivacyFilterRequest.model_json_schema(),
+                "description": "The strings to mask; other fields are dropped.",
+            },
+            "PrivacyFilterResult": {
+                "type": "object",
+                "description": "The Privacy Filter's answer, exactly these keys (defaults when it left one out).",
+                "properties": {
+                    "results": {
+                        "type": "array",
+                        "default": [],
+                        "description": "One result per item, e.g. `{\"masked_text\": \"email me at [EMAIL]\", "
+                        "\"spans\": [{\"category\": \"email\", \"text\": ..., \"start\": 12, \"end\": 28, "
+                        "\"score\": 0.99}]}`.",
+                    },
+                    "model_id": {"type": ["string", "null"], "default": None},
+                    "num_items": {"type": "integer", "default": 0},
+                },
+                "required": ["results", "model_id", "num_items"],
+            },
             "AttestationAuth": {
                 "type": "object",
                 "description": "Payload of the (unsigned) attestation JWT in `Authorization` of `POST /verify/attest`.",
@@ -395,9 +460,22 @@ def _components(catalog: Catalog) -> Schema:
                     },
                     "litellm": {
                         "type": "object",
-                        "description": "`litellm_version`, then LiteLLM's own readiness JSON; `status: unreachable` "
-                        "when LiteLLM did not answer 200 with JSON in time.",
-                        "properties": {"litellm_version": {"type": "string"}, "status": {"type": "string"}},
+                        "description": "`version` (LiteLLM's, `N/A` until known), then LiteLLM's own readiness JSON "
+                        "(which may carry its own `litellm_version`); `status: unreachable` when LiteLLM did not "
+                        "answer 200 with JSON in time.",
+                        "properties": {"version": {"type": "string"}, "status": {"type": "string"}},
+                    },
+                    "privacy_filter": {
+                        "type": "object",
+                        "description": "`{\"status\": \"disabled\"}` while PRIVACY_FILTER_ENABLED is off (no effect on "
+                        "readiness); the Privacy Filter's `version` and `model_id` when its `/readyz` answered 200 with "
+                        "JSON (ready only if that says `\"ready\": true`); else `{\"version\": \"N/A\", \"status\": "
+                        "\"unreachable\"}`.",
+                        "properties": {
+                            "status": {"type": "string", "enum": ["disabled", "unreachable"]},
+                            "version": {"type": ["string", "null"]},
+                            "model_id": {"type": ["string", "null"]},
+                        },
                     },
                     "overload": {
                         "type": "object",
@@ -416,7 +494,7 @@ def _components(catalog: Catalog) -> Schema:
                         },
                     },
                 },
-                "required": ["status", "mlpa_version", "pg_server_dbs", "litellm"],
+                "required": ["status", "mlpa_version", "pg_server_dbs", "litellm", "privacy_filter"],
             },
         },
     }
@@ -439,8 +517,8 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
             "get": {
                 "tags": ["health"],
                 "summary": "Readiness probe",
-                "description": "Pings the databases and LiteLLM concurrently, each bounded by "
-                "`READINESS_CHECK_TIMEOUT_S`; 503 also once graceful shutdown has begun, and while "
+                "description": "Pings the databases, LiteLLM and (when enabled) the Privacy Filter concurrently, "
+                "each bounded by `READINESS_CHECK_TIMEOUT_S`; 503 also once graceful shutdown has begun, and while "
                 "overload protection (OVERLOAD_PROTECTION) reports the worker overloaded.",
                 "responses": {
                     "200": _json(_ref("Readiness"), "Ready (`status: connected`)"),
@@ -674,6 +752,19 @@ def _paths(catalog: Catalog, *, mock_routes: bool) -> Schema:
             }
         },
         "/v1/usage": {"get": _usage_operation(catalog)},
+        "/privacy-filter": {"post": _privacy_filter_operation()},
+        "/privacy-filter/": {
+            "post": {
+                "tags": ["privacy filter"],
+                "summary": "Redirect to `/privacy-filter` (the reference's trailing-slash form)",
+                "responses": {
+                    "307": {
+                        "description": "Repeat the same POST at `/privacy-filter`.",
+                        "headers": {"Location": {"schema": {"type": "string", "const": "/privacy-filter"}}},
+                    }
+                },
+            }
+        },
         "/admin": {
             "get": {
                 "tags": ["admin"],

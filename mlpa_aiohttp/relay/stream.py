@@ -30,6 +30,7 @@ from aiohttp import web
 
 from ..errors import GENERIC_UPSTREAM_MESSAGE
 from ..observability.metrics import Metrics
+from ..observability.timing import UPSTREAM, RequestTimings, StreamTail, spans_event
 from ..upstream.bodies import UpstreamBody
 from ..upstream.classify import in_band_status
 from ..upstream.litellm import LiteLLMClient, read_error_body
@@ -57,7 +58,7 @@ class StreamRelay:
     __slots__ = (
         "_request", "_client", "_body", "_outcome", "_metrics", "_tracker", "_debug", "_started",
         "_response", "_upstream", "_task", "_handle", "_accountant", "_delivery", "_keepalive", "_fast_path",
-        "_virtual_key",
+        "_virtual_key", "_timings", "_tail",
     )  # fmt: skip
 
     def __init__(
@@ -74,6 +75,7 @@ class StreamRelay:
         keepalive: FirstByteKeepAlive | None = None,
         fast_path: TakeOver = None,
         virtual_key: str | None = None,
+        timings: RequestTimings | None = None,
     ) -> None:
         self._request = request
         # The client's own LiteLLM key (`litellm-virtual-key`), or None for the service's.
@@ -96,6 +98,10 @@ class StreamRelay:
         # Set only for a stream that opted into keep-alive lines (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
+        # Only for a stream that sent `debug-timing: true` (compatibility.md D50): its spans go
+        # out after `data: [DONE]`, so the regular loop keeps the stream's last bytes.
+        self._timings = timings
+        self._tail = StreamTail() if timings is not None else None
 
     def _end(self) -> None:
         """Shutdown or silence: closing the upstream wakes the read loop with a
@@ -145,7 +151,10 @@ class StreamRelay:
                 # Started after shutdown began ending streams (`StreamTracker.add`): LiteLLM
                 # is not asked at all, the stream ends at once.
                 return endings.ShutDown()
-            return await self._relay()
+            if self._timings is None:
+                return await self._relay()
+            with self._timings.span(UPSTREAM):
+                return await self._relay()
         except ConnectionError as exc:
             # A write towards the client failed (`ClientWriteFailed`, or its transport
             # closed under `prepare` before connection_lost ran).
@@ -194,6 +203,12 @@ class StreamRelay:
                 await fast.run()
                 return
         write, response = self._delivery.write, self._response
+        tail = self._tail
+        if tail is not None:
+            async for chunk in upstream.content.iter_any():
+                await write(response, chunk)
+                tail.add(chunk)
+            return
         async for chunk in upstream.content.iter_any():
             await write(response, chunk)
 
@@ -205,6 +220,8 @@ class StreamRelay:
         self._keepalive.stop(self._response)  # synchronous: no keep-alive line after this point
         if first:
             await self._delivery.write(self._response, first)
+            if self._tail is not None:
+                self._tail.add(first)
 
     async def _write_final(self, ending: endings.Ending) -> None:
         """The ending's final frame, if any, and the end of the response; a client that is
@@ -214,12 +231,22 @@ class StreamRelay:
         if isinstance(ending, endings.ClientLeft):
             return  # nothing to end towards a client that left
         frame = endings.final_frame(ending, debug=self._debug, relayed=self._accountant)
+        if frame is None and self._timings is not None:
+            frame = self._spans_event()
         try:
             if frame is not None:
                 await self._response.write(frame)
             await self._response.write_eof()
         except ConnectionError:
             pass
+
+
+    def _spans_event(self) -> bytes | None:
+        """The spans event, for a stream whose final event was `data: [DONE]`."""
+        assert self._timings is not None and self._tail is not None
+        separator = self._tail.spans_event_separator()
+        return None if separator is None else spans_event(self._timings, separator)
+
 
 
 def _ttft_observer(metrics: Metrics, outcome: CompletionOutcome, started: float) -> Callable[[], None]:

@@ -10,6 +10,7 @@ from . import health, metrics, proxy, usage
 from .admin import setup_admin_routes
 from .docs import setup_docs_routes
 from .mock import setup_mock_routes
+from .privacy_filter import setup_privacy_filter_routes
 from .verify import setup_verify_routes
 
 
@@ -22,6 +23,8 @@ def setup_routes(app: web.Application) -> None:
     router.add_post("/v1/search", proxy.search)
     # Beyond the reference: the caller's own budget and limits.
     router.add_get("/v1/usage", usage.usage)
+    # The Privacy Filter proxy (FxA only, off by default) and its trailing-slash redirect.
+    setup_privacy_filter_routes(app)
     # App Attest challenge/attestation and the Play Integrity token exchange.
     setup_verify_routes(app)
     # `/user/*` admin API and the `/admin` page: sub-apps, each route with a declared access level.

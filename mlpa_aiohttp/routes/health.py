@@ -25,22 +25,34 @@ async def liveness(request: web.Request) -> web.Response:
 async def readiness(request: web.Request) -> web.Response:
     app = request.app
     timeout = app[keys.SETTINGS].postgres.readiness_check_timeout_s
-    databases, litellm, version = await asyncio.gather(
-        _databases(app, timeout), _litellm_readiness(app, timeout), _litellm_version(app, timeout)
+    databases, litellm, version, privacy_filter = await asyncio.gather(
+        _databases(app, timeout),
+        _litellm_readiness(app, timeout),
+        _litellm_version(app, timeout),
+        _privacy_filter_readiness(app, timeout),
     )
+    filter_ready, filter_body = privacy_filter
     litellm_ok = (
         isinstance(litellm, dict)
         and litellm.get("db") == "connected"
         and litellm.get("status") in ("healthy", "connected")
     )
-    litellm_body: dict[str, Any] = {"litellm_version": version}
+    # compatibility.md §1.2: the version under `version` (the reference's key since 1.0.39),
+    # LiteLLM's own JSON merged after it.
+    litellm_body: dict[str, Any] = {"version": version}
     if isinstance(litellm, dict):
         litellm_body.update(litellm)
     else:
         litellm_body["status"] = "unreachable"
     monitor = app.get(keys.OVERLOAD)
     overload = monitor.state() if monitor is not None else None
-    ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down and overload is None
+    ready = (
+        all(databases.values())
+        and litellm_ok
+        and filter_ready
+        and not app[keys.STREAMS].shutting_down
+        and overload is None
+    )
     if app[keys.STORE].backend == "memory":
         # No database behind the in-memory store (the demo): say so rather than "connected".
         db_states = {name: MEMORY_STORE_STATE for name in databases}
@@ -51,6 +63,7 @@ async def readiness(request: web.Request) -> web.Response:
         "mlpa_version": __version__,
         "pg_server_dbs": db_states,
         "litellm": litellm_body,
+        "privacy_filter": filter_body,
     }
     if overload is not None:
         # Beyond the reference: only while overload protection says this worker is overloaded.
@@ -85,3 +98,23 @@ async def _litellm_version(app: web.Application, timeout: float) -> str:
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         version = None
     return version or "N/A"
+
+
+PRIVACY_FILTER_DISABLED = {"status": "disabled"}
+PRIVACY_FILTER_UNREACHABLE = {"version": "N/A", "status": "unreachable"}
+
+
+async def _privacy_filter_readiness(app: web.Application, timeout: float) -> tuple[bool, dict[str, Any]]:
+    """Whether the Privacy Filter is ready (always, while it is off), and its readiness entry.
+    Ready only on a 200 whose JSON says `"ready": true`; any JSON object answered with 200
+    reports its `version` and `model_id`, ready or not."""
+    if not app[keys.SETTINGS].privacy_filter.enabled:
+        return True, dict(PRIVACY_FILTER_DISABLED)
+    try:
+        status, payload = await app[keys.PRIVACY_FILTER].readiness(timeout)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.warning("readiness_privacy_filter_check_failed", error_type=type(exc).__name__)
+        return False, dict(PRIVACY_FILTER_UNREACHABLE)
+    if status != 200 or not isinstance(payload, dict):
+        return False, dict(PRIVACY_FILTER_UNREACHABLE)
+    return payload.get("ready") is True, {"version": payload.get("version"), "model_id": payload.get("model_id")}

@@ -21,6 +21,7 @@ from ..auth.fxa import FxASignatureInvalid, FxAVerificationFailed
 from ..errors import AuthRejected, RequestInvalid
 from ..models import ChatRequest, parse_chat_body
 from ..observability import log_context
+from ..observability.timing import spans_event
 from ..settings import ServerSettings
 from ..validation import Problem
 from .proxy import authorize_chat
@@ -50,7 +51,7 @@ def setup_mock_routes(app: web.Application) -> None:
 
 async def mock_chat_completions(request: web.Request) -> web.StreamResponse:
     """The chat route's validation, auth and provisioning, then a canned reply."""
-    chat, principal = await authorize_chat(request)
+    chat, principal = await authorize_chat(request, request[keys.REQUEST_TIMINGS])
     await request.app[keys.PROVISIONER].provision(principal.user_id)
     return await _canned_reply(request, chat)
 
@@ -96,4 +97,8 @@ async def _canned_reply(request: web.Request, chat: ChatRequest) -> web.StreamRe
         for event in MOCK_STREAM_EVENTS:
             await response.send(event)
             await asyncio.sleep(chunk_latency)
+        timings = request[keys.REQUEST_TIMINGS]
+        if timings is not None:
+            # The canned stream ends in `data: [DONE]`: its spans follow (compatibility.md D50).
+            await response.write(spans_event(timings))
     return response

@@ -20,6 +20,7 @@ from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
+from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.keepalive import FirstByteKeepAlive
@@ -103,7 +104,7 @@ def refusals_recorded(metrics: Metrics, labels: ChatLabels) -> Iterator[None]:
         raise
 
 
-async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
+async def authorize_chat(request: web.Request, timings: RequestTimings | None) -> tuple[ChatRequest, Principal]:
     """Steps shared by the chat route and the mock chat route (compatibility.md §1.7, §1.8): validate,
     check model and purpose, authenticate, each refusal recorded; the country metric once
     the caller is known."""
@@ -112,12 +113,22 @@ async def authorize_chat(request: web.Request) -> tuple[ChatRequest, Principal]:
     headers, chat = rules.parse_chat(raw_body, request.headers)
     log_context.bind(model=chat.model)
     labels = ChatLabels(chat.model, str(headers.service_type), headers.purpose.strip(), request.headers.get(GEO_COUNTRY))
-    with refusals_recorded(metrics, labels):
+    with span(timings, AUTH), refusals_recorded(metrics, labels):
         check_model_name(chat.model)
         rules.check_model_service_type(chat.model, headers.service_type)
         principal = await authenticate_caller(request, headers, raw_body)
     _count_country(request, labels.service_type, metrics.labels.model(chat.model))
     return chat, principal
+
+
+def traffic_contract_check(request: web.Request, principal: Principal, timings: RequestTimings | None) -> None:
+    """Where the traffic-contract check (the 1.0.39 reference's traffic contracts in Redis, its
+    addendum's A.8) runs: after authentication and the country metric, before the user's
+    get-or-create (for search, after its service-type 400 as well). Its `traffic_contract` span
+    is recorded whether or not contracts are on, as the reference's is. This service has no
+    contracts yet: the check joins here, inside the span."""
+    with span(timings, TRAFFIC_CONTRACT):
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +149,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     app = request.app
     settings = app[keys.SETTINGS]
-    completion = await _prepare_completion(request, started)
+    timings = request[keys.REQUEST_TIMINGS]
+    completion = await _prepare_completion(request, started, timings)
     client = app[keys.LITELLM]
     if completion.stream:
         relay = StreamRelay(
@@ -151,7 +163,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             debug=settings.server.debug,
             started=started,
             keepalive=_keepalive_for(request, completion),
-            fast_path=app[keys.RELAY_FAST_PATH],
+            # A timed stream takes the regular relay, whose loop keeps the stream's tail.
+            fast_path=app[keys.RELAY_FAST_PATH] if timings is None else None,
+            timings=timings,
             virtual_key=completion.virtual_key,
         )
         slots = app[keys.STREAM_SLOTS]
@@ -165,14 +179,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             # Every way out: the end of the stream, an upstream error, the client's
             # hang-up (a CancelledError from the connection-lost callback), shutdown.
             slots.give_back(completion.user_id)
-    return await relay_completion(
-        request,
-        client=client,
-        body=completion.body,
-        outcome=completion.outcome,
-        debug=settings.server.debug,
-        virtual_key=completion.virtual_key,
-    )
+    with span(timings, UPSTREAM):
+        return await relay_completion(
+            request,
+            client=client,
+            body=completion.body,
+            outcome=completion.outcome,
+            debug=settings.server.debug,
+            virtual_key=completion.virtual_key,
+        )
 
 
 def _keepalive_for(request: web.Request, completion: PreparedCompletion) -> FirstByteKeepAlive | None:
@@ -199,15 +214,18 @@ def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> N
     raise TooManyStreams()
 
 
-async def _prepare_completion(request: web.Request, started: float) -> PreparedCompletion:
+async def _prepare_completion(
+    request: web.Request, started: float, timings: RequestTimings | None
+) -> PreparedCompletion:
     """Validate, authenticate, provision and build the upstream body. The parsed request
     ends with this call, so a stream holds no copy of the conversation but the body, and
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
-    chat, principal = await authorize_chat(request)
+    chat, principal = await authorize_chat(request, timings)
+    traffic_contract_check(request, principal, timings)
     country = request.headers.get(GEO_COUNTRY)
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
-    with refusals_recorded(metrics, labels):
+    with span(timings, DB), refusals_recorded(metrics, labels):
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
@@ -242,17 +260,22 @@ async def search(request: web.Request) -> web.Response:
     raw_body = await read_body(request)
     rules = app[keys.REQUEST_RULES]
     headers, query = rules.parse_search(raw_body, request.headers)
-    principal = await authenticate_caller(request, headers, raw_body)
+    timings = request[keys.REQUEST_TIMINGS]
+    with span(timings, AUTH):
+        principal = await authenticate_caller(request, headers, raw_body)
     service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
-    await app[keys.PROVISIONER].provision(principal.user_id)
-    return await relay_search(
-        client=app[keys.LITELLM],
-        body=search_body(query, user=principal.user_id),
-        metrics=app[keys.METRICS],
-        service_type=service_type,
-        purpose=purpose,
-        debug=app[keys.SETTINGS].server.debug,
-        virtual_key=custom_virtual_key(request),
-    )
+    traffic_contract_check(request, principal, timings)
+    with span(timings, DB):
+        await app[keys.PROVISIONER].provision(principal.user_id)
+    with span(timings, UPSTREAM):
+        return await relay_search(
+            client=app[keys.LITELLM],
+            body=search_body(query, user=principal.user_id),
+            metrics=app[keys.METRICS],
+            service_type=service_type,
+            purpose=purpose,
+            debug=app[keys.SETTINGS].server.debug,
+            virtual_key=custom_virtual_key(request),
+        )

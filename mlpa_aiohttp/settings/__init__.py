@@ -195,6 +195,8 @@ class Variable:
     documents: tuple[Documented, ...] = ()
     # compatibility.md D13: outside MLPA_DEBUG and the demo, the default of this secret is refused.
     refused_default: bool = False
+    # The refusal applies only while this boolean variable is on (a feature's own secret).
+    refused_only_with: str | None = None
     # The reference's heading for a field of `Settings` itself (a section class has `heading`).
     heading: str | None = None
 
@@ -215,9 +217,11 @@ def variable(
     return field(default=default, metadata={_VARIABLE: spec})
 
 
-def secret(name: str, default: str, *, meaning: str, refused_default: bool) -> Any:
+def secret(
+    name: str, default: str, *, meaning: str, refused_default: bool, refused_only_with: str | None = None
+) -> Any:
     """A string field that never shows in a repr."""
-    spec = Variable(name, meaning, refused_default=refused_default)
+    spec = Variable(name, meaning, refused_default=refused_default, refused_only_with=refused_only_with)
     return field(default=default, repr=False, metadata={_VARIABLE: spec})
 
 
@@ -1041,6 +1045,43 @@ class RedisSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PrivacyFilterSettings:
+    """`POST /privacy-filter` (compatibility.md §1.11): FxA-signed-in clients mask sensitive data through a
+    separate Privacy Filter service. Off by default; readiness checks the service only when on."""
+
+    heading: ClassVar[str] = "Privacy Filter"
+
+    enabled: bool = variable(
+        "PRIVACY_FILTER_ENABLED",
+        False,
+        meaning="Serve `POST /privacy-filter` (503 while off) and add the Privacy Filter's `/readyz` to readiness.",
+    )
+    master_key: str = secret(
+        "PRIVACY_FILTER_MASTER_KEY",
+        "sk-default",
+        refused_default=True,
+        refused_only_with="PRIVACY_FILTER_ENABLED",
+        meaning="Sent to the Privacy Filter as `x-pf-api-key`; its default is refused only while the filter is on.",
+    )
+    api_base: str = variable(
+        "PRIVACY_FILTER_API_BASE",
+        "http://localhost:5000",
+        normalize=_no_trailing_slash,
+        meaning="Base URL of the Privacy Filter service (`/privacy-filter`, `/readyz`).",
+    )
+    # compatibility.md D48: one bound for the whole call, where the reference had per-phase 30 s timeouts.
+    timeout_seconds: float = variable(
+        "PRIVACY_FILTER_TIMEOUT_SECONDS",
+        30.0,
+        minimum=0.001,
+        meaning="Longest a `POST /privacy-filter` waits for the Privacy Filter's whole answer (then 502).",
+    )
+
+    def url(self, path: str) -> str:
+        return self.api_base + path
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1086,6 +1127,7 @@ class Settings:
     stream_limits: StreamLimitSettings = StreamLimitSettings()
     overload: OverloadSettings = OverloadSettings()
     redis: RedisSettings = RedisSettings()
+    privacy_filter: PrivacyFilterSettings = PrivacyFilterSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
@@ -1127,7 +1169,7 @@ class Settings:
             defaults.update(DEBUG_DEFAULTS)
         settings = _read_section(env, cls, defaults, already_read={"server": server})
         if check_secrets and not (server.debug or demo):
-            _refuse_default_secrets(env)
+            _refuse_default_secrets(env, _switched_off_secrets(settings))
         return settings
 
 
@@ -1227,14 +1269,39 @@ _MIN_ACCESS_TOKEN_SECRET_BYTES = 32
 _EMPTY_ALLOWED = frozenset({"MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN"})
 
 
-def _refuse_default_secrets(env: _Env) -> None:
+# A feature's own secret and the boolean variable that switches the feature on.
+_SECRETS_OF_FEATURES: Mapping[str, str] = MappingProxyType(
+    {var.name: var.refused_only_with for _, var in _variables(Settings) if var.refused_only_with and var.name}
+)
+
+
+def _switched_off_secrets(settings: Settings) -> frozenset[str]:
+    """The secrets of features that are off: their defaults harm nobody."""
+    switches = {var.name: getattr(section, spec.name) for section, spec, var in _fields_with_variables(settings)}
+    return frozenset(name for name, switch in _SECRETS_OF_FEATURES.items() if not switches.get(switch))
+
+
+def _fields_with_variables(section: Any) -> Iterator[tuple[Any, Field[Any], Variable]]:
+    for spec in fields(section):
+        value = getattr(section, spec.name)
+        if _VARIABLE in spec.metadata:
+            yield section, spec, spec.metadata[_VARIABLE]
+        elif is_dataclass(value):
+            yield from _fields_with_variables(value)
+
+
+def _refuse_default_secrets(env: _Env, switched_off: frozenset[str] = frozenset()) -> None:
     """The secret rules (docs/operations.md, "Secrets"), every broken one reported."""
     for name, default in DEFAULT_SECRETS.items():
+        if name in switched_off:
+            continue
         value = env.raw(name)
         value = None if value is None else value.strip()
         if value is None or value == default or (value == "" and name not in _EMPTY_ALLOWED):
             state = "not set" if value is None else ("empty" if value == "" else "still the documented default")
             rule = f", at least {_MIN_ACCESS_TOKEN_SECRET_BYTES} bytes" if name == "MLPA_ACCESS_TOKEN_SECRET" else ""
+            if name in _SECRETS_OF_FEATURES:
+                rule += f" while {_SECRETS_OF_FEATURES[name]} is on"
             env.problem(
                 f"{name}: {state}; set a real secret{rule} "
                 "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"

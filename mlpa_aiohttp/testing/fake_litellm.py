@@ -768,6 +768,8 @@ class FakeLiteLLM:
         # an x-litellm-response-cost header as JSON answers do.
         self.usage_cost: float | None = None
         self.litellm_version = litellm_version
+        # The key /public/model_hub/info names the version under (newer LiteLLMs: `version`).
+        self.model_hub_version_key = "litellm_version"
         self.scenario: Scenario | str = _parse_scenario(scenario)
         self.next_scenarios: list[Scenario | str] = []
         # Sent on successful chat/search responses, like LiteLLM's routing headers.
@@ -1438,7 +1440,7 @@ class FakeLiteLLM:
             {
                 "docs_title": "LiteLLM API",
                 "custom_docs_description": None,
-                "litellm_version": self.litellm_version,
+                self.model_hub_version_key: self.litellm_version,
                 "useful_links": {},
             }
         )

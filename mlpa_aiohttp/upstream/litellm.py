@@ -336,7 +336,10 @@ class LiteLLMClient:
             if response.status != 200:
                 return None
             payload = await response.json(content_type=None)
-        version = payload.get("litellm_version") if isinstance(payload, dict) else None
+        version = None
+        if isinstance(payload, dict):
+            # compatibility.md §1.2: newer LiteLLMs name it `version`.
+            version = payload.get("litellm_version") or payload.get("version")
         if isinstance(version, str) and version and version != "N/A":
             self._known_version = version
         return self._known_version

@@ -158,7 +158,14 @@ async def test_demo_prints_its_urls_and_keys_and_reports_what_it_has() -> None:
         ui_key = re.search(r"MLPA_UI_ACCESS_KEY +(\S+)", text).group(1)
         token = re.search(r"FxA bearer token +(\S+)", text).group(1)
         assert f"curl -N {base}/v1/chat/completions -H 'authorization: Bearer {token}'" in text
+        assert f"curl {base}/privacy-filter -H 'authorization: Bearer {token}'" in text
         async with aiohttp.ClientSession() as session:
+            # The demo's fake Privacy Filter masks what the printed curl sends.
+            async with session.post(
+                f"{base}/privacy-filter", json={"items": ["mail jane@example.com"]}, headers={"authorization": f"Bearer {token}"}
+            ) as response:
+                assert response.status == 200
+                assert (await response.json())["results"][0]["masked_text"] == "mail [EMAIL]"
             for url in urls.values():
                 async with session.get(url) as response:
                     assert response.status == 200, url
@@ -170,6 +177,7 @@ async def test_demo_prints_its_urls_and_keys_and_reports_what_it_has() -> None:
             async with session.get(f"{base}/user/counts-by-service-type", headers={"mlpa-ui-access-key": "Bearer sk-ui-access-default"}) as response:
                 assert response.status == 401
         assert readiness["status"] == "connected"
+        assert readiness["privacy_filter"] == {"version": "0.3.1", "model_id": "pii-filter"}
         assert readiness["pg_server_dbs"] == {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE}
 
 

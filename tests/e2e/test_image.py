@@ -185,8 +185,10 @@ async def test_image_serves_a_stream_and_stops_cleanly_as_non_root(
     container = buildah("from", "-q", app_image).strip()
     log_path = tmp_path / "container.log"
     log_file = log_path.open("wb")
-    # The image's CMD, with the bind narrowed to loopback (chroot isolation shares the host's network).
-    command = ["gunicorn", "-c", "/app/config/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "mlpa_aiohttp.app:app_factory"]
+    # The image's ENTRYPOINT and CMD (`buildah run` runs only what it is given), with the bind
+    # narrowed to loopback (chroot isolation shares the host's network). The entrypoint `exec`s
+    # gunicorn, so the SIGTERM below reaches gunicorn's master itself.
+    command = ["/app/docker-entrypoint.sh", "gunicorn", "-c", "/app/config/gunicorn.conf.py", "--bind", f"127.0.0.1:{port}", "mlpa_aiohttp.app:app_factory"]
     env_flags = [flag for name, value in environment.items() for flag in ("--env", f"{name}={value}")]
     runner = subprocess.Popen(
         ["buildah", "--root", str(STORAGE / "storage"), "--runroot", str(STORAGE / "run"), "--storage-driver", "vfs",

@@ -24,6 +24,7 @@ from mlpa_aiohttp.app import create_app
 from mlpa_aiohttp.auth.access_token import issue_access_token
 from mlpa_aiohttp.testing.fake_fxa import FakeFxA
 from mlpa_aiohttp.testing.fake_litellm import FakeLiteLLM
+from mlpa_aiohttp.testing.fake_privacy_filter import FakePrivacyFilter
 from tests.support.fake_google import FakeGoogle
 
 from ..conftest import DEV_TOKEN, TEST_SECRETS, make_settings
@@ -91,9 +92,10 @@ def live_service(tmp_dir: Path, **env: str) -> Iterator[LiveService]:
         litellm = FakeLiteLLM(virtual_key=TEST_SECRETS["MLPA_VIRTUAL_KEY"], master_key=TEST_SECRETS["MASTER_KEY"])
         fxa = FakeFxA()
         google = FakeGoogle()
+        privacy_filter = FakePrivacyFilter()
         async with contextlib.AsyncExitStack() as stack:
             urls = []
-            for fake_app in (litellm.make_app(), fxa.make_app()):
+            for fake_app in (litellm.make_app(), fxa.make_app(), privacy_filter.make_app()):
                 runner = web.AppRunner(fake_app)
                 await runner.setup()
                 stack.push_async_callback(runner.cleanup)
@@ -110,6 +112,10 @@ def live_service(tmp_dir: Path, **env: str) -> Iterator[LiveService]:
                 MLPA_MOCK_ROUTES="true",
                 MOCK_TTFT_MS="0",
                 MOCK_STREAMING_CHUNK_LATENCY_MS="0",
+                # On, so that its operation is fuzzed past the disabled 503 (a 5xx by design).
+                PRIVACY_FILTER_ENABLED="true",
+                PRIVACY_FILTER_API_BASE=urls[2],
+                PRIVACY_FILTER_MASTER_KEY=privacy_filter.api_key,
                 **env,
             )
             app = create_app(settings)

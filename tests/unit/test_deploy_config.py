@@ -60,6 +60,7 @@ SECRET_VARIABLES = frozenset(
         "DB_PASSWORD",
         "SENTRY_DSN",
         "REDIS_PASSWORD",
+        "PRIVACY_FILTER_MASTER_KEY",
     }
 )
 
@@ -496,6 +497,11 @@ def test_image_runs_gunicorn_with_the_shipped_conf_as_non_root() -> None:
     assert dockerfile_uid() != 0
     [cmd] = [rest for keyword, rest in instructions if keyword == "CMD"]
     assert cmd == '["gunicorn", "-c", "/app/config/gunicorn.conf.py", "mlpa_aiohttp.app:app_factory"]'
+    # The entrypoint (tests/unit/test_entrypoint.py) preloads jemalloc and `exec`s the CMD.
+    [entrypoint] = [rest for keyword, rest in instructions if keyword == "ENTRYPOINT"]
+    assert entrypoint == '["/app/docker-entrypoint.sh"]'
+    assert ("COPY", "--chmod=0755 config/docker-entrypoint.sh /app/docker-entrypoint.sh") in instructions
+    assert any(keyword == "RUN" and "libjemalloc2" in rest for keyword, rest in instructions)
     assert ("COPY", "config/gunicorn.conf.py /app/config/gunicorn.conf.py") in instructions
     assert ("EXPOSE", "8080") in instructions
     assert not any(keyword == "HEALTHCHECK" for keyword, _ in instructions)

@@ -117,7 +117,8 @@ async def test_readiness_connected_when_everything_is_ready(service: Service) ->
         # The plain `service` keeps its users in memory: no database to report on.
         "pg_server_dbs": {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE},
         # The version comes from /public/model_hub/info; LiteLLM's readiness JSON follows it.
-        "litellm": {"litellm_version": "1.99.0", "status": "healthy", "db": "connected"},
+        "litellm": {"version": "1.99.0", "status": "healthy", "db": "connected"},
+        "privacy_filter": {"status": "disabled"},
     }
     readiness_calls = service.litellm.requests_to("/health/readiness")
     assert readiness_calls and readiness_calls[-1].headers["authorization"] == "Bearer sk-test-master"
@@ -136,9 +137,24 @@ async def test_readiness_accepts_both_healthy_litellm_statuses(service: Service,
 async def test_litellm_version_in_its_own_readiness_body_wins(service: Service) -> None:
     # The reference merges LiteLLM's JSON after its own field (compatibility.md §11.29).
     service.litellm.litellm_version = "1.2.3"
-    service.litellm.readiness_body = {**READY_LITELLM, "litellm_version": "9.9.9"}
+    service.litellm.readiness_body = {**READY_LITELLM, "version": "9.9.9"}
     _, body = await readiness(service)
-    assert body["litellm"]["litellm_version"] == "9.9.9"
+    assert body["litellm"]["version"] == "9.9.9"
+
+
+async def test_litellms_own_litellm_version_key_passes_through_beside_ours(service: Service) -> None:
+    # 1.0.39 writes `version`; `litellm_version` appears only because LiteLLM's JSON carries it.
+    service.litellm.litellm_version = "1.2.3"
+    service.litellm.readiness_body = {**READY_LITELLM, "litellm_version": "1.2.3-from-readiness"}
+    _, body = await readiness(service)
+    assert body["litellm"] == {"version": "1.2.3", **READY_LITELLM, "litellm_version": "1.2.3-from-readiness"}
+
+
+async def test_litellm_version_read_under_either_model_hub_key(service: Service) -> None:
+    service.litellm.model_hub_version_key = "version"
+    service.litellm.litellm_version = "1.200.0"
+    _, body = await readiness(service)
+    assert body["litellm"]["version"] == "1.200.0"
 
 
 async def test_litellm_version_is_remembered_once_known(service: Service) -> None:
@@ -164,7 +180,7 @@ async def test_litellm_not_ready_is_degraded_with_its_body(service: Service, lit
     assert status == 503
     assert body["status"] == "degraded"
     assert body["pg_server_dbs"] == {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE}
-    assert body["litellm"] == {"litellm_version": service.litellm.litellm_version, **litellm_body}
+    assert body["litellm"] == {"version": service.litellm.litellm_version, **litellm_body}
 
 
 async def test_litellm_error_status_is_unreachable(service: Service) -> None:
@@ -172,7 +188,7 @@ async def test_litellm_error_status_is_unreachable(service: Service) -> None:
     status, body = await readiness(service)
     assert status == 503
     assert body["status"] == "degraded"
-    assert body["litellm"] == {"litellm_version": service.litellm.litellm_version, "status": "unreachable"}
+    assert body["litellm"] == {"version": service.litellm.litellm_version, "status": "unreachable"}
 
 
 async def test_slow_litellm_is_unreachable_within_the_bound(service_with_store) -> None:
@@ -189,7 +205,7 @@ async def test_unreachable_litellm_is_degraded_and_version_unknown(make_service:
     service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9")
     status, body = await readiness(service)
     assert status == 503
-    assert body["litellm"] == {"litellm_version": "N/A", "status": "unreachable"}
+    assert body["litellm"] == {"version": "N/A", "status": "unreachable"}
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,8 @@ def test_the_refused_secrets_and_their_defaults() -> None:
         "MLPA_UI_ACCESS_KEY",
         "MLPA_ACCESS_TOKEN_SECRET",
         "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN",
+        # Refused only while PRIVACY_FILTER_ENABLED is on (tests/unit/test_privacy_filter.py).
+        "PRIVACY_FILTER_MASTER_KEY",
     }
     defaults = Settings()
     assert DEFAULT_SECRETS == {
@@ -135,6 +137,7 @@ def test_the_refused_secrets_and_their_defaults() -> None:
         "MLPA_UI_ACCESS_KEY": defaults.auth.ui_access_key,
         "MLPA_ACCESS_TOKEN_SECRET": defaults.auth.access_token_secret,
         "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": defaults.auth.experimentation_token,
+        "PRIVACY_FILTER_MASTER_KEY": defaults.privacy_filter.master_key,
     }
     # The service has always run with this dev token when the variable is unset.
     assert defaults.auth.experimentation_token == "secret-dev-token"
