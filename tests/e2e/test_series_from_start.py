@@ -48,7 +48,7 @@ CONFIGMAP = REPO / "config" / "kubernetes" / "base" / "configmap.yaml"
 # Series the rules read from elsewhere: Prometheus itself and kube-state-metrics.
 EXTERNAL = frozenset({"up", "kube_pod_status_ready"})
 WORKERS = 2
-OWN_TYPE, OWN_MODEL = "sw-answer", "liner"
+OWN_TYPE, OWN_MODEL = "deep-answer", "deep-model"
 START_SECONDS = 40
 
 

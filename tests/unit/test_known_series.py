@@ -29,7 +29,7 @@ from mlpa_aiohttp.observability.metrics import AVAILABILITY_OUTCOME, Counter, Me
 REPO = Path(__file__).resolve().parents[2]
 # The built-in catalogue with one more service type and model: the loaded catalogue's names,
 # not the built-in ones, are the known values.
-EXTRA_TYPE, EXTRA_MODEL = "sw-answer", "liner"
+EXTRA_TYPE, EXTRA_MODEL = "deep-answer", "deep-model"
 CATALOG_TEXT = (REPO / "config" / "catalog.toml").read_text() + textwrap.dedent(
     f"""
     [[service_type]]
