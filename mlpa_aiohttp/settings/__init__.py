@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, NamedTuple, Sequence, TypeVar, get_type_hints
@@ -680,6 +681,89 @@ class SignupCapSettings:
     )
 
 
+# libpq's sslmode values, weakest first (docs/operations.md, "TLS to PostgreSQL").
+PG_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# The modes that never verify the server, where a root certificate would only look like safety.
+_UNVERIFIED_SSL_MODES = frozenset({"disable", "allow", "prefer"})
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresTLS:
+    """TLS towards PostgreSQL: libpq's mode and the files it uses (paths as given)."""
+
+    mode: str = "prefer"
+    root_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def verifies_host(self) -> bool:
+        return self.mode == "verify-full"
+
+    def ssl_argument(self) -> str | ssl.SSLContext:
+        """asyncpg's `ssl=`: libpq's mode name for the modes asyncpg negotiates itself
+        (`prefer` may fall back to plain text), else a context built from these files only:
+        nothing from PGSSL* variables or ~/.postgresql, so what is verified is what is set."""
+        if self.mode in _UNVERIFIED_SSL_MODES:
+            return self.mode
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = self.mode == "verify-full"
+        if self.mode == "require" and self.root_cert is None:
+            context.verify_mode = ssl.CERT_NONE
+        elif self.root_cert is not None:
+            context.load_verify_locations(cafile=self.root_cert)
+        else:
+            context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if self.cert is not None:
+            context.load_cert_chain(self.cert, keyfile=self.key)
+        return context
+
+    def environ(self) -> dict[str, str]:
+        """The DB_SSL_* variables that read back as this value."""
+        values = {"DB_SSL_MODE": self.mode, "DB_SSL_ROOT_CERT": self.root_cert, "DB_SSL_CERT": self.cert,
+                  "DB_SSL_KEY": self.key}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def _postgres_tls(env: _Env, default: PostgresTLS) -> PostgresTLS:
+    """DB_SSL_MODE and its files; a file that cannot be loaded is a problem at start, not a
+    failed connection later."""
+    tls = PostgresTLS(
+        mode=env.choice("DB_SSL_MODE", default.mode, PG_SSL_MODES),
+        root_cert=env.optional_str("DB_SSL_ROOT_CERT"),
+        cert=env.optional_str("DB_SSL_CERT"),
+        key=env.optional_str("DB_SSL_KEY"),
+    )
+    problems_before = len(env.problems)
+    if tls.mode in _UNVERIFIED_SSL_MODES:
+        for name, value in (("DB_SSL_ROOT_CERT", tls.root_cert), ("DB_SSL_CERT", tls.cert)):
+            if value is not None:
+                env.problem(
+                    f"{name}: set, but DB_SSL_MODE={tls.mode} does not use it; use require, verify-ca or verify-full"
+                )
+    if (tls.cert is None) != (tls.key is None):
+        env.problem("DB_SSL_CERT and DB_SSL_KEY: set both (a client certificate and its key) or neither")
+    if len(env.problems) > problems_before:
+        return default
+    for name, path in (("DB_SSL_ROOT_CERT", tls.root_cert), ("DB_SSL_CERT", tls.cert), ("DB_SSL_KEY", tls.key)):
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as error:
+                env.problem(f"{name}: cannot read {path!r}: {error.strerror or error}")
+    if len(env.problems) > problems_before:
+        return default
+    try:
+        tls.ssl_argument()
+    except (ssl.SSLError, ValueError) as error:
+        names = "DB_SSL_ROOT_CERT" if tls.cert is None else "DB_SSL_ROOT_CERT, DB_SSL_CERT or DB_SSL_KEY"
+        env.problem(f"{names}: not usable PEM ({error})")
+        return default
+    return tls
+
+
 @dataclass(frozen=True, slots=True)
 class PostgresSettings:
     """One PostgreSQL server holds LiteLLM's database and the service's own; one pool each."""
@@ -733,12 +817,44 @@ class PostgresSettings:
         meaning="Client-side timeout of each asyncpg call (unset or 0: none); if set, keep it above 30.",
     )
 
+    # TLS towards the server (DB_SSL_*), for both pools and `migrate`.
+    tls: PostgresTLS = derived(
+        _postgres_tls,
+        default=PostgresTLS(),
+        documents=(
+            Documented(
+                "DB_SSL_MODE",
+                "one of " + ", ".join(f"`{mode}`" for mode in PG_SSL_MODES),
+                "TLS to PostgreSQL, libpq's sslmode names: `prefer` tries TLS without verifying it;"
+                " `require` encrypts; `verify-ca` also checks the server's certificate against"
+                " `DB_SSL_ROOT_CERT`; `verify-full` also checks that it names `DB_HOST`"
+                " (docs/operations.md, 'TLS to PostgreSQL').",
+                "`prefer`",
+                "prefer",
+            ),
+            Documented(
+                "DB_SSL_ROOT_CERT",
+                "path",
+                "PEM file of the CA(s) the server's certificate must chain to (`verify-ca`, `verify-full`;"
+                " with `require` it verifies the chain, as libpq does). Unset: `verify-ca` and `verify-full`"
+                " trust the system's CAs; `require` verifies nothing.",
+            ),
+            Documented(
+                "DB_SSL_CERT",
+                "path",
+                "PEM client certificate, for a server that asks for one (needs `DB_SSL_KEY`; `require` or above).",
+            ),
+            Documented("DB_SSL_KEY", "path", "PEM private key of `DB_SSL_CERT` (unencrypted)."),
+        ),
+    )
+
     def connection_environ(self) -> dict[str, str]:
         """The variables that name this server and its two databases, as this class reads
         them: for a process that must reach the same databases (the dev stack's exports)."""
         wanted = ("host", "port", "username", "password", "litellm_db_name", "app_attest_db_name")
-        by_field = {spec.name: spec.metadata[_VARIABLE].name for spec in fields(self)}
-        return {by_field[name]: str(getattr(self, name)) for name in wanted}
+        by_field = {spec.name: spec.metadata[_VARIABLE].name for spec in fields(self) if spec.name in wanted}
+        environ = {by_field[name]: str(getattr(self, name)) for name in wanted}
+        return environ | self.tls.environ()
 
 
 @dataclass(frozen=True, slots=True)
