@@ -13,6 +13,7 @@ from aiohttp import web
 from .. import __version__, keys
 from ..process.overload import readiness_body
 from ..store.base import MEMORY_STORE_STATE
+from ..store.schema import SchemaDifference
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +41,11 @@ async def readiness(request: web.Request) -> web.Response:
         litellm_body["status"] = "unreachable"
     monitor = app.get(keys.OVERLOAD)
     overload = monitor.state() if monitor is not None else None
-    ready = all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down and overload is None
+    schema = await _schema(app, timeout)
+    ready = (
+        all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down and overload is None
+        and (schema is None or schema.complete)
+    )
     if app[keys.STORE].backend == "memory":
         # No database behind the in-memory store (the demo): say so rather than "connected".
         db_states = {name: MEMORY_STORE_STATE for name in databases}
@@ -55,7 +60,16 @@ async def readiness(request: web.Request) -> web.Response:
     if overload is not None:
         # Beyond the reference: only while overload protection says this worker is overloaded.
         body["overload"] = readiness_body(overload)
+    if schema is not None and (schema.missing or schema.unknown):
+        # Beyond the reference: only while the app database's migrations differ from this release's.
+        body["app_database_schema"] = schema.body()
     return web.json_response(body, status=200 if ready else 503)
+
+
+async def _schema(app: web.Application, timeout: float) -> SchemaDifference | None:
+    """The app database's migrations against this release's (store/schema.py); none without PostgreSQL."""
+    watch = app.get(keys.SCHEMA_WATCH)
+    return await watch.ready(timeout) if watch is not None else None
 
 
 async def _databases(app: web.Application, timeout: float) -> dict[str, bool]:

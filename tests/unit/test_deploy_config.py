@@ -693,3 +693,56 @@ def test_the_overload_probe_fits_the_hysteresis() -> None:
     assert probe["periodSeconds"] * probe["failureThreshold"] <= settings.overload.recover_seconds
     assert probe["timeoutSeconds"] > settings.postgres.readiness_check_timeout_s
     assert probe["successThreshold"] >= 2
+
+
+# --- order: the migration Job between its inputs and the pods (Argo CD) ---------------------
+
+SYNC_WAVE = "argocd.argoproj.io/sync-wave"
+HOOK = "argocd.argoproj.io/hook"
+
+
+def sync_order(obj: Mapping[str, Any]) -> tuple[int, int]:
+    """(phase, wave) as Argo CD orders a sync: PreSync hooks before everything else, then the
+    Sync phase (plain resources and Sync hooks) by wave (0 when unannotated)."""
+    annotations = obj["metadata"].get("annotations", {})
+    phases = {"PreSync": 0, "Sync": 1, "PostSync": 2}
+    phase = phases[annotations[HOOK]] if HOOK in annotations else phases["Sync"]
+    return phase, int(annotations.get(SYNC_WAVE, "0"))
+
+
+def pod_inputs(obj: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The objects a workload's pods need to exist before they can start."""
+    spec = obj["spec"]["template"]["spec"]
+    needed = {("ServiceAccount", spec["serviceAccountName"])} if "serviceAccountName" in spec else set()
+    for container in spec["containers"]:
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                needed.add(("ConfigMap", source["configMapRef"]["name"]))
+            if "secretRef" in source:
+                needed.add(("Secret", source["secretRef"]["name"]))
+    for volume in spec.get("volumes", []):
+        if "configMap" in volume:
+            needed.add(("ConfigMap", volume["configMap"]["name"]))
+    return needed
+
+
+@pytest.mark.parametrize("directory", [MANIFEST_DIR, OVERLOAD_DIR], ids=["base", "overload"])
+def test_argo_cd_syncs_the_jobs_inputs_then_the_job_then_the_pods(directory: Path) -> None:
+    objects = by_identity(rendered(directory))
+    job, deployment = objects[("Job", "mlpa-migrate")], objects[("Deployment", "mlpa")]
+    # A hook: Argo CD deletes the finished Job before creating the new one (its template is immutable).
+    annotations = job["metadata"]["annotations"]
+    assert annotations[HOOK] == "Sync" and annotations["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation"
+    for needed in pod_inputs(job):
+        assert needed in objects, f"the Job needs {needed}, which is not shipped"
+        assert sync_order(objects[needed]) < sync_order(job), f"{needed} syncs after the Job that reads it"
+    for needed in pod_inputs(deployment):
+        assert sync_order(objects[needed]) < sync_order(deployment), f"{needed} syncs after the pods"
+    assert sync_order(job) < sync_order(deployment), "the pods sync before the migration Job"
+
+
+def test_the_order_check_refuses_a_presync_job() -> None:
+    """The check above can fail: a PreSync hook runs before the ConfigMap and Secret it reads."""
+    job = copy.deepcopy(the("Job"))
+    job["metadata"]["annotations"][HOOK] = "PreSync"
+    assert sync_order(job) < sync_order(the("ConfigMap"))
