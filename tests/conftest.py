@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -23,13 +24,21 @@ from tests.support import depth
 from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
-TEST_SECRETS = {
+TEST_KEYS = {
     "MASTER_KEY": "sk-test-master",
     "MLPA_VIRTUAL_KEY": "sk-test-virtual",
     "MLPA_UI_ACCESS_KEY": "sk-test-ui",
     "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret-of-32-bytes-or-more",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": DEV_TOKEN,
 }
+# Not secrets, but refused like them outside MLPA_DEBUG when missing (compatibility.md D66).
+TEST_PLATFORMS = {
+    "APP_DEVELOPMENT_TEAM": "TESTTEAM01",
+    "APP_ATTEST_BUNDLE_IDS": "*",
+    "PLAY_INTEGRITY_CREDENTIALS_FILE": str(Path(__file__).parent / "data" / "google-credentials-never-used.json"),
+}
+# Everything production start-up asks for: the secrets, and what iOS and Android clients need.
+TEST_SECRETS = {**TEST_KEYS, **TEST_PLATFORMS}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import ssl
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
@@ -232,6 +233,11 @@ def _no_trailing_slash(url: str) -> str:
 
 def _zero_means_none(seconds: float | None) -> float | None:
     return seconds or None
+
+
+def _star_means_any(names: frozenset[str]) -> frozenset[str]:
+    """`*` alone: no restriction (the empty set)."""
+    return frozenset() if names == {"*"} else names
 
 
 def _fxa_scopes(env: _Env, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -885,12 +891,24 @@ class AppAttestSettings:
     qa_root_ca_path: str | None = variable(
         "APP_ATTEST_QA_ROOT_CA_PATH", None, meaning="PEM file of the QA root CA, used with `APP_ATTEST_QA`."
     )
-    bundle_ids: frozenset[str] = variable("APP_ATTEST_BUNDLE_IDS", frozenset(), meaning="Bundle ids allowed; empty: any.")
+    bundle_ids: frozenset[str] = variable(
+        "APP_ATTEST_BUNDLE_IDS",
+        frozenset(),
+        normalize=_star_means_any,
+        meaning="Bundle ids allowed; `*`: any (the reference's behaviour). Production must set it while"
+        " App Attest is on; unset (debug, demo): any.",
+    )
     check_assertion_app_id: bool = variable(
         "APP_ATTEST_CHECK_ASSERTION_APP_ID",
         True,
         meaning="An assertion must be for the app id the request names (Apple's step 5, which the reference"
         " skipped); `false` only while clients transition (`docs/migration.md`).",
+    )
+    enabled: bool = variable(
+        "APP_ATTEST_ENABLED",
+        True,
+        meaning="Serve iOS clients (App Attest). `false` runs without them: every attestation and assertion is"
+        " refused (403), and start-up no longer asks for `APP_DEVELOPMENT_TEAM` and `APP_ATTEST_BUNDLE_IDS`.",
     )
 
 
@@ -926,6 +944,12 @@ class PlaySettings:
         "PLAY_INTEGRITY_CREDENTIALS_FILE",
         None,
         meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials.",
+    )
+    enabled: bool = variable(
+        "PLAY_INTEGRITY_ENABLED",
+        True,
+        meaning="Serve Android clients (Play Integrity). `false` runs without them: `/verify/play` answers 403,"
+        " and start-up no longer asks for Google credentials.",
     )
 
 
@@ -1159,6 +1183,7 @@ class Settings:
         settings = _read_section(env, cls, defaults, already_read={"server": server})
         if check_secrets and not (server.debug or demo):
             _refuse_default_secrets(env)
+            _refuse_placeholders(env, settings)
         return settings
 
 
@@ -1273,6 +1298,95 @@ def _refuse_default_secrets(env: _Env) -> None:
                 " outstanding access token: Android clients get 401 once and re-run Play Integrity"
                 " (docs/migration.md, 'The access-token secret')"
             )
+
+
+# Values that can only fail requests later (compatibility.md D66): the reference's default team
+# id, and the shipped ConfigMap's "replace-with-..." placeholders.
+_TEAM_PLACEHOLDERS = frozenset({"TEAMID1234"})
+_PLACEHOLDER_PREFIX = "replace-with-"
+# Apple's team ids: ten upper-case letters and digits.
+_TEAM_ID_LENGTH = 10
+_OFF_HINT = "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"
+
+
+def _refuse_placeholders(env: _Env, settings: Settings) -> None:
+    """The platform rules (docs/operations.md, "Platforms"): what iOS and Android clients need
+    is set to something that can work, or the platform is turned off explicitly."""
+    if settings.app_attest.enabled:
+        team = env.raw("APP_DEVELOPMENT_TEAM")
+        team = None if team is None else team.strip()
+        if team is None or team == "":
+            env.problem(f"APP_DEVELOPMENT_TEAM: {'not set' if team is None else 'empty'}; set your Apple team id,"
+                        f" or APP_ATTEST_ENABLED=false to run without iOS clients {_OFF_HINT}")
+        elif team in _TEAM_PLACEHOLDERS or team.startswith(_PLACEHOLDER_PREFIX):
+            env.problem(f"APP_DEVELOPMENT_TEAM: still the placeholder {team!r}; set your Apple team id, or"
+                        f" APP_ATTEST_ENABLED=false to run without iOS clients {_OFF_HINT}")
+        elif len(team) != _TEAM_ID_LENGTH or not (team.isascii() and team.isalnum() and team.upper() == team):
+            env.problem(f"APP_DEVELOPMENT_TEAM: {team!r} is not an Apple team id (ten upper-case letters and digits)")
+        bundles = (env.raw("APP_ATTEST_BUNDLE_IDS") or "").strip()
+        if bundles == "":
+            env.problem("APP_ATTEST_BUNDLE_IDS: not set; list your iOS apps' bundle ids, or `*` for any (the"
+                        f" reference's behaviour), or APP_ATTEST_ENABLED=false {_OFF_HINT}")
+        elif any(name.startswith(_PLACEHOLDER_PREFIX) for name in settings.app_attest.bundle_ids):
+            env.problem(f"APP_ATTEST_BUNDLE_IDS: still a placeholder ({bundles!r}); list your iOS apps' bundle ids")
+    if settings.play.enabled:
+        problem = _google_credentials_problem(env, settings.play.google_credentials)
+        if problem is not None:
+            env.problem(problem)
+
+
+def _google_credentials_problem(env: _Env, credentials_file: str | None) -> str | None:
+    """Why the Play Integrity calls could not get a Google token, found without a network call:
+    the file named is unreadable, or Application Default Credentials have nothing to use."""
+    if credentials_file is not None:
+        return _credentials_file_problem("PLAY_INTEGRITY_CREDENTIALS_FILE", credentials_file)
+    adc_file = (env.raw("GOOGLE_APPLICATION_CREDENTIALS") or "").strip()
+    if adc_file:
+        return _credentials_file_problem("GOOGLE_APPLICATION_CREDENTIALS", adc_file)
+    if _gcloud_credentials_exist(env) or _on_google_cloud(env):
+        return None
+    return (
+        "PLAY_INTEGRITY_CREDENTIALS_FILE: not set, and Application Default Credentials have nothing to use"
+        " (GOOGLE_APPLICATION_CREDENTIALS unset, no gcloud credentials, not on Google Cloud); set one of the two"
+        " to a service-account JSON file, or PLAY_INTEGRITY_ENABLED=false to run without Android clients"
+    )
+
+
+def _credentials_file_problem(name: str, path: str) -> str | None:
+    try:
+        with open(path, "rb") as file:
+            content = json.load(file)
+    except OSError as error:
+        return f"{name}: cannot read {path!r}: {error.strerror or error}"
+    except ValueError:
+        return f"{name}: {path!r} is not JSON (a Google credentials file is)"
+    if not isinstance(content, dict) or "type" not in content:
+        return f"{name}: {path!r} is not a Google credentials file (no `type`)"
+    return None
+
+
+def _gcloud_credentials_exist(env: _Env) -> bool:
+    """`gcloud auth application-default login`'s file, where google-auth looks for it."""
+    config = (env.raw("CLOUDSDK_CONFIG") or "").strip()
+    home = (env.raw("HOME") or "").strip()
+    folder = config or (f"{home}/.config/gcloud" if home else "")
+    return bool(folder) and os.path.isfile(f"{folder}/application_default_credentials.json")
+
+
+# The machine's product name on Google Compute Engine (GKE nodes included).
+_GCE_PRODUCT_NAME_FILE = "/sys/class/dmi/id/product_name"
+
+
+def _on_google_cloud(env: _Env) -> bool:
+    """A metadata server to ask (GKE workload identity, a VM's service account), as google-auth
+    decides without a network call: its override variable, or Google's machine product name."""
+    if (env.raw("GCE_METADATA_HOST") or "").strip():
+        return True
+    try:
+        with open(_GCE_PRODUCT_NAME_FILE, encoding="utf-8") as file:
+            return file.read().strip().startswith("Google")
+    except OSError:
+        return False
 
 
 def variable_names() -> frozenset[str]:

@@ -193,8 +193,33 @@ def test_unedited_secret_is_refused_at_startup() -> None:
         Settings.from_environ(manifest_env())
 
 
-def test_manifest_settings_load_once_secrets_are_set() -> None:
+# The shipped ConfigMap's placeholders an operator replaces, and Google credentials (on GKE
+# workload identity supplies them; here a file).
+PLATFORM_VALUES = {
+    "APP_DEVELOPMENT_TEAM": "ABCDE12345",
+    "APP_ATTEST_BUNDLE_IDS": "org.example.ios",
+    "PLAY_INTEGRITY_CREDENTIALS_FILE": TEST_SECRETS["PLAY_INTEGRITY_CREDENTIALS_FILE"],
+}
+
+
+def operator_env() -> dict[str, str]:
+    """The manifests' environment once the operator has set what they must."""
+    return manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS} | PLATFORM_VALUES
+
+
+def test_unedited_configmap_is_refused_at_startup() -> None:
+    """The ConfigMap's iOS placeholders stop the start, each named, as the Secret's defaults do."""
     env = manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS}
+    env["PLAY_INTEGRITY_CREDENTIALS_FILE"] = PLATFORM_VALUES["PLAY_INTEGRITY_CREDENTIALS_FILE"]
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_environ(env)
+    named = [problem.split(":", 1)[0] for problem in refused.value.problems]
+    assert named == ["APP_DEVELOPMENT_TEAM", "APP_ATTEST_BUNDLE_IDS"]
+    assert all("placeholder" in problem for problem in refused.value.problems)
+
+
+def test_manifest_settings_load_once_secrets_are_set() -> None:
+    env = operator_env()
     settings = Settings.from_environ(env)
     assert settings.server.debug is False
     assert settings.server.log_json is True
@@ -520,7 +545,7 @@ def test_the_catalogue_is_mounted_where_mlpa_catalog_file_points() -> None:
     [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == CATALOG_CONFIGMAP
     assert path.name in the("ConfigMap", CATALOG_CONFIGMAP)["data"]
-    settings = Settings.from_environ(manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS})
+    settings = Settings.from_environ(operator_env())
     from mlpa_aiohttp.catalog.file import parse_catalog
 
     assert settings.catalog == parse_catalog(catalogue_text().encode())
