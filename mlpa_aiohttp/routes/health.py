@@ -42,17 +42,19 @@ async def readiness(request: web.Request) -> web.Response:
     monitor = app.get(keys.OVERLOAD)
     overload = monitor.state() if monitor is not None else None
     schema = await _schema(app, timeout)
-    ready = (
-        all(databases.values()) and litellm_ok and not app[keys.STREAMS].shutting_down and overload is None
-        and (schema is None or schema.complete)
-    )
+    dependencies_ok = all(databases.values()) and litellm_ok
+    own_health_ok = not app[keys.STREAMS].shutting_down and overload is None and (schema is None or schema.complete)
+    _record_dependencies(app, databases, litellm_ok)
+    # compatibility.md D67: the dependencies decide readiness only when asked to; `status` keeps
+    # saying whether everything answered, the status code whether to send this pod traffic.
+    ready = own_health_ok and (dependencies_ok or not app[keys.SETTINGS].readiness.requires_dependencies)
     if app[keys.STORE].backend == "memory":
         # No database behind the in-memory store (the demo): say so rather than "connected".
         db_states = {name: MEMORY_STORE_STATE for name in databases}
     else:
         db_states = {name: "connected" if ok else "offline" for name, ok in databases.items()}
     body = {
-        "status": "connected" if ready else "degraded",
+        "status": "connected" if ready and dependencies_ok else "degraded",
         "mlpa_version": __version__,
         "pg_server_dbs": db_states,
         "litellm": litellm_body,
@@ -64,6 +66,14 @@ async def readiness(request: web.Request) -> web.Response:
         # Beyond the reference: only while the app database's migrations differ from this release's.
         body["app_database_schema"] = schema.body()
     return web.json_response(body, status=200 if ready else 503)
+
+
+def _record_dependencies(app: web.Application, databases: dict[str, bool], litellm_ok: bool) -> None:
+    gauge = app[keys.METRICS].dependency_up
+    gauge.labels("litellm").set(1 if litellm_ok else 0)
+    if app[keys.STORE].backend != "memory":  # the demo's store has no database to speak of
+        for name, ok in databases.items():
+            gauge.labels(name).set(1 if ok else 0)
 
 
 async def _schema(app: web.Application, timeout: float) -> SchemaDifference | None:

@@ -1097,6 +1097,22 @@ class OverloadSettings:
         return self.lag_enter_leave_seconds[1]
 
 
+@dataclass(frozen=True, slots=True)
+class ReadinessSettings:
+    """What `/health/readiness` answers 503 for (compatibility.md D67)."""
+
+    heading: ClassVar[str] = "Readiness"
+
+    requires_dependencies: bool = variable(
+        "READINESS_REQUIRES_DEPENDENCIES",
+        False,
+        meaning="`true`: readiness also answers 503 while a database or LiteLLM does not answer, as the"
+        " reference did; a shared outage then takes every pod out of the Service at once, and clients get"
+        " the load balancer's error page. `false`: readiness follows this pod's own health (draining,"
+        " overloaded, schema behind); the dependencies' state is in the body and in `mlpa_dependency_up`.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1141,6 +1157,7 @@ class Settings:
     observability: ObservabilitySettings = ObservabilitySettings()
     stream_limits: StreamLimitSettings = StreamLimitSettings()
     overload: OverloadSettings = OverloadSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
