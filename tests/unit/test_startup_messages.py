@@ -30,7 +30,9 @@ def test_every_invalid_variable_is_listed_in_one_error() -> None:
     assert str(raised.value) == "; ".join(raised.value.problems)
 
 
-def test_every_secret_rule_is_reported_together() -> None:
+def test_every_secret_rule_is_reported_together(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # Not a Google Cloud machine, whatever runs the test (the Play check would find one).
+    monkeypatch.setattr("mlpa_aiohttp.settings._GCE_PRODUCT_NAME_FILE", str(tmp_path / "no-dmi"))
     environ = {
         "MASTER_KEY": "sk-default",
         "MLPA_VIRTUAL_KEY": "",
