@@ -870,7 +870,10 @@ class AppAttestSettings:
     heading: ClassVar[str] = "App Attest (iOS)"
 
     development_team: str = variable(
-        "APP_DEVELOPMENT_TEAM", "TEAMID1234", meaning="Apple developer team id; an app id is `<team id>.<bundle id>`."
+        "APP_DEVELOPMENT_TEAM",
+        "TEAMID1234",
+        meaning="Apple developer team id; an app id is `<team id>.<bundle id>`. Production refuses it unset,"
+        " this default or a placeholder, unless `APP_ATTEST_ENABLED=false` (docs/operations.md, 'Platforms').",
     )
     production: bool = variable(
         "APP_ATTEST_PRODUCTION", False, meaning="Require the production App Attest environment, not development."
@@ -943,7 +946,8 @@ class PlaySettings:
     google_credentials: str | None = variable(
         "PLAY_INTEGRITY_CREDENTIALS_FILE",
         None,
-        meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials.",
+        meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials."
+        " Production refuses to start without either, unless `PLAY_INTEGRITY_ENABLED=false`.",
     )
     enabled: bool = variable(
         "PLAY_INTEGRITY_ENABLED",

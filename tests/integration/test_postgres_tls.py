@@ -20,7 +20,10 @@ from mlpa_aiohttp.settings import PostgresSettings, PostgresTLS, Settings
 from mlpa_aiohttp.store.migrate import migrate
 from mlpa_aiohttp.store.pools import DatabaseConnectError, open_pools
 from tests.support.postgres import ThrowawayPostgres
+from tests.support.processes import free_port
 from tests.support.tls_certificates import TestCA
+
+from ..conftest import TEST_SECRETS
 
 pytestmark = pytest.mark.postgres
 
@@ -137,3 +140,29 @@ def test_an_unreadable_root_certificate_is_a_configuration_error(tls_server: TLS
     refused = run_migrate(tls_server, DB_SSL_MODE="verify-full", DB_SSL_ROOT_CERT=str(missing))
     assert refused.returncode == 78
     assert f"DB_SSL_ROOT_CERT: cannot read '{missing}'" in refused.stdout + refused.stderr
+
+
+def test_serve_stops_at_start_on_a_wrong_ca_naming_the_setting(tls_server: TLSServer) -> None:
+    pg = tls_server.server.settings()
+    environ = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        **TEST_SECRETS,
+        "MLPA_STORE": "postgres",
+        "LITELLM_API_BASE": f"http://127.0.0.1:{free_port()}",
+        "PORT": str(free_port()),
+        "DB_HOST": CERTIFIED_HOST,
+        "DB_PORT": str(pg.port),
+        "DB_USERNAME": pg.username,
+        "DB_PASSWORD": pg.password,
+        "DB_SSL_MODE": "verify-full",
+        "DB_SSL_ROOT_CERT": str(tls_server.wrong_ca),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "mlpa_aiohttp", "serve", "--host", "127.0.0.1"],
+        env=environ, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 69, done.stdout + done.stderr
+    [message] = [line for line in done.stderr.splitlines() if "database_unavailable" in line]
+    assert f"DB_SSL_MODE=verify-full the server's certificate must chain to DB_SSL_ROOT_CERT ({tls_server.wrong_ca})" in message
+    assert "Traceback" not in done.stdout + done.stderr and pg.password not in done.stdout + done.stderr
