@@ -455,7 +455,7 @@ def migrate_command(settings: Settings, *, role_timeouts: bool = True) -> int:
         applied = asyncio.run(migrate(settings, role_timeouts=role_timeouts))
     except StoreUnavailable as exc:
         hint = (
-            "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD; "
+            "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD (DB_SSL_MODE, DB_SSL_ROOT_CERT for TLS); "
             f"the user needs CREATEDB to create {pg.app_attest_db_name!r}"
         )
         return report_unavailable("database", exc, os.environ, hint=hint, exit_code=EXIT_UNAVAILABLE)

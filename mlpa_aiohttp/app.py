@@ -71,6 +71,7 @@ from .store.memory import MemoryUserStore
 from .store.pools import open_pools
 from .store.postgres import PostgresUserStore
 from .store.provisioning import Provisioner
+from .store.schema import SchemaWatch
 from .stream_slots import StreamSlots
 from .upstream.google import GoogleAccessTokenProvider
 from .upstream.litellm import LiteLLMClient, open_session
@@ -202,6 +203,9 @@ async def _store_context(app: web.Application) -> AsyncIterator[None]:
         else:
             pools = await stack.enter_async_context(open_pools(settings.postgres))
             app[keys.PG_POOLS] = pools
+            schema = SchemaWatch(pools.app, settings.postgres.app_attest_db_name)
+            await schema.check_at_start()
+            app[keys.SCHEMA_WATCH] = schema
             store = PostgresUserStore.from_settings(pools, app[keys.LITELLM], settings)
             challenges = PostgresChallengeStore(pools.app, settings.app_attest.challenge_expiry_seconds)
             public_keys = PostgresPublicKeyStore(pools.app)

@@ -25,6 +25,7 @@ from .store.base import UserStore
 from .store.budget_links import BudgetLinks
 from .store.pools import Pools
 from .store.provisioning import Provisioner
+from .store.schema import SchemaWatch
 from .stream_slots import StreamSlots
 from .upstream.litellm import LiteLLMClient
 from .upstream.privacy_filter import PrivacyFilterClient
@@ -49,6 +50,8 @@ HTTP_SESSION = web.AppKey("http_session", aiohttp.ClientSession)
 LITELLM = web.AppKey("litellm", LiteLLMClient)
 PG_POOLS = web.AppKey("pg_pools", Pools)
 STORE = web.AppKey("store", UserStore)
+# The app database's schema against this release's migrations; only with the PostgreSQL store.
+SCHEMA_WATCH = web.AppKey("schema_watch", SchemaWatch)
 # Budget rows and users' links to them, repaired when LiteLLM's foreign key finds a row gone.
 BUDGET_LINKS = web.AppKey("budget_links", BudgetLinks)
 PROVISIONER = web.AppKey("provisioner", Provisioner)

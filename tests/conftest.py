@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,13 +26,21 @@ from tests.support.redis_server import RedisBinaryMissing, ThrowawayRedis
 from tests.support.tiers import slow_markers
 
 DEV_TOKEN = "test-dev-token"
-TEST_SECRETS = {
+TEST_KEYS = {
     "MASTER_KEY": "sk-test-master",
     "MLPA_VIRTUAL_KEY": "sk-test-virtual",
     "MLPA_UI_ACCESS_KEY": "sk-test-ui",
     "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret-of-32-bytes-or-more",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": DEV_TOKEN,
 }
+# Not secrets, but refused like them outside MLPA_DEBUG when missing (compatibility.md D66).
+TEST_PLATFORMS = {
+    "APP_DEVELOPMENT_TEAM": "TESTTEAM01",
+    "APP_ATTEST_BUNDLE_IDS": "*",
+    "PLAY_INTEGRITY_CREDENTIALS_FILE": str(Path(__file__).parent / "data" / "google-credentials-never-used.json"),
+}
+# Everything production start-up asks for: the secrets, and what iOS and Android clients need.
+TEST_SECRETS = {**TEST_KEYS, **TEST_PLATFORMS}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -98,7 +98,8 @@ class AppAttest:
         self._roots = AttestationRoots(settings)
 
     def _app_id(self, bundle_id: str) -> str:
-        if self._settings.bundle_ids and bundle_id not in self._settings.bundle_ids:
+        # APP_ATTEST_ENABLED=false: no app id is ours, as for a bundle id outside the allowlist.
+        if not self._settings.enabled or (self._settings.bundle_ids and bundle_id not in self._settings.bundle_ids):
             raise Forbidden(ATTESTATION_FAILED)
         return f"{self._settings.development_team}.{bundle_id}"
 

@@ -29,6 +29,8 @@ from .play_integrity import VerdictRejected, check_verdict, is_plausible_integri
 log = structlog.get_logger(__name__)
 
 INVALID_ACCESS_TOKEN = "Invalid MLPA access token"
+# PLAY_INTEGRITY_ENABLED=false: this deployment serves no Android clients.
+PLAY_INTEGRITY_OFF = "Play Integrity is turned off"
 
 
 def _parse_play_request(raw: bytes, default_package: str) -> tuple[str, str, str]:
@@ -78,6 +80,8 @@ class PlayIntegrity:
         return {"access_token": token, "token_type": "Bearer", "expires_in": self._auth.access_token_ttl_seconds}
 
     async def _verify(self, integrity_token: str, user_id: str, package_name: str) -> str:
+        if not self._settings.enabled:
+            raise Forbidden(PLAY_INTEGRITY_OFF)
         try:
             google_token = await self._google_tokens.get_token()
         except GoogleCredentialsUnavailable:

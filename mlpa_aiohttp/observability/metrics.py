@@ -358,6 +358,15 @@ class Metrics:
         self.routed_tokens = Counter(
             "mlpa_litellm_routed_tokens", "Tokens by LiteLLM route", ("type", *_ROUTED, "fallback_used"), registry=r
         )
+        # What the last readiness check saw of each shared backend (compatibility.md D67): with
+        # readiness on the pod's own health, this is where a dependency outage shows.
+        self.dependency_up = Gauge(
+            "mlpa_dependency_up",
+            "1 when the last readiness check reached the dependency (postgres, app_attest, litellm, privacy_filter)",
+            ("dependency",),
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
 
     # -- helpers used at the recording sites -----------------------------------------
     def chat_availability(

@@ -23,7 +23,8 @@ GUNICORN_WORKER_BOOT_ERROR = 3
 CONFIG_HINT = "every variable is listed in docs/configuration.md and config/example.env"
 # PostgreSQL out of reach, or the app database missing, when the app starts (serve, gunicorn).
 DATABASE_HINT = (
-    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME; "
+    "start PostgreSQL or correct DB_HOST, DB_PORT, DB_USERNAME, DB_PASSWORD, LITELLM_DB_NAME, APP_ATTEST_DB_NAME"
+    " (and DB_SSL_MODE, DB_SSL_ROOT_CERT for TLS); "
     "`python -m mlpa_aiohttp migrate` creates the app database and its tables"
 )
 CATALOG_FILE_HINT = "; docs/catalog.md describes the catalogue file (`python -m mlpa_aiohttp catalog check FILE`)"

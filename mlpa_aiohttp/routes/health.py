@@ -13,6 +13,7 @@ from aiohttp import web
 from .. import __version__, keys
 from ..process.overload import readiness_body
 from ..store.base import MEMORY_STORE_STATE
+from ..store.schema import SchemaDifference
 
 log = structlog.get_logger(__name__)
 
@@ -46,20 +47,20 @@ async def readiness(request: web.Request) -> web.Response:
         litellm_body["status"] = "unreachable"
     monitor = app.get(keys.OVERLOAD)
     overload = monitor.state() if monitor is not None else None
-    ready = (
-        all(databases.values())
-        and litellm_ok
-        and filter_ready
-        and not app[keys.STREAMS].shutting_down
-        and overload is None
-    )
+    schema = await _schema(app, timeout)
+    dependencies_ok = all(databases.values()) and litellm_ok and filter_ready
+    own_health_ok = not app[keys.STREAMS].shutting_down and overload is None and (schema is None or schema.complete)
+    _record_dependencies(app, databases, litellm_ok, filter_ready)
+    # compatibility.md D67: the dependencies decide readiness only when asked to; `status` keeps
+    # saying whether everything answered, the status code whether to send this pod traffic.
+    ready = own_health_ok and (dependencies_ok or not app[keys.SETTINGS].readiness.requires_dependencies)
     if app[keys.STORE].backend == "memory":
         # No database behind the in-memory store (the demo): say so rather than "connected".
         db_states = {name: MEMORY_STORE_STATE for name in databases}
     else:
         db_states = {name: "connected" if ok else "offline" for name, ok in databases.items()}
     body = {
-        "status": "connected" if ready else "degraded",
+        "status": "connected" if ready and dependencies_ok else "degraded",
         "mlpa_version": __version__,
         "pg_server_dbs": db_states,
         "litellm": litellm_body,
@@ -68,7 +69,28 @@ async def readiness(request: web.Request) -> web.Response:
     if overload is not None:
         # Beyond the reference: only while overload protection says this worker is overloaded.
         body["overload"] = readiness_body(overload)
+    if schema is not None and (schema.missing or schema.unknown):
+        # Beyond the reference: only while the app database's migrations differ from this release's.
+        body["app_database_schema"] = schema.body()
     return web.json_response(body, status=200 if ready else 503)
+
+
+def _record_dependencies(
+    app: web.Application, databases: dict[str, bool], litellm_ok: bool, filter_ready: bool
+) -> None:
+    gauge = app[keys.METRICS].dependency_up
+    gauge.labels("litellm").set(1 if litellm_ok else 0)
+    if app[keys.SETTINGS].privacy_filter.enabled:
+        gauge.labels("privacy_filter").set(1 if filter_ready else 0)
+    if app[keys.STORE].backend != "memory":  # the demo's store has no database to speak of
+        for name, ok in databases.items():
+            gauge.labels(name).set(1 if ok else 0)
+
+
+async def _schema(app: web.Application, timeout: float) -> SchemaDifference | None:
+    """The app database's migrations against this release's (store/schema.py); none without PostgreSQL."""
+    watch = app.get(keys.SCHEMA_WATCH)
+    return await watch.ready(timeout) if watch is not None else None
 
 
 async def _databases(app: web.Application, timeout: float) -> dict[str, bool]:

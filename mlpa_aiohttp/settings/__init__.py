@@ -18,6 +18,8 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import os
+import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, is_dataclass
 from types import MappingProxyType
@@ -247,6 +249,11 @@ def _no_trailing_slash(url: str) -> str:
 
 def _zero_means_none(seconds: float | None) -> float | None:
     return seconds or None
+
+
+def _star_means_any(names: frozenset[str]) -> frozenset[str]:
+    """`*` alone: no restriction (the empty set)."""
+    return frozenset() if names == {"*"} else names
 
 
 def _fxa_scopes(env: _Env, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -733,6 +740,89 @@ class SignupCapSettings:
     )
 
 
+# libpq's sslmode values, weakest first (docs/operations.md, "TLS to PostgreSQL").
+PG_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+# The modes that never verify the server, where a root certificate would only look like safety.
+_UNVERIFIED_SSL_MODES = frozenset({"disable", "allow", "prefer"})
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresTLS:
+    """TLS towards PostgreSQL: libpq's mode and the files it uses (paths as given)."""
+
+    mode: str = "prefer"
+    root_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @property
+    def verifies_host(self) -> bool:
+        return self.mode == "verify-full"
+
+    def ssl_argument(self) -> str | ssl.SSLContext:
+        """asyncpg's `ssl=`: libpq's mode name for the modes asyncpg negotiates itself
+        (`prefer` may fall back to plain text), else a context built from these files only:
+        nothing from PGSSL* variables or ~/.postgresql, so what is verified is what is set."""
+        if self.mode in _UNVERIFIED_SSL_MODES:
+            return self.mode
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = self.mode == "verify-full"
+        if self.mode == "require" and self.root_cert is None:
+            context.verify_mode = ssl.CERT_NONE
+        elif self.root_cert is not None:
+            context.load_verify_locations(cafile=self.root_cert)
+        else:
+            context.load_default_certs(ssl.Purpose.SERVER_AUTH)
+        if self.cert is not None:
+            context.load_cert_chain(self.cert, keyfile=self.key)
+        return context
+
+    def environ(self) -> dict[str, str]:
+        """The DB_SSL_* variables that read back as this value."""
+        values = {"DB_SSL_MODE": self.mode, "DB_SSL_ROOT_CERT": self.root_cert, "DB_SSL_CERT": self.cert,
+                  "DB_SSL_KEY": self.key}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def _postgres_tls(env: _Env, default: PostgresTLS) -> PostgresTLS:
+    """DB_SSL_MODE and its files; a file that cannot be loaded is a problem at start, not a
+    failed connection later."""
+    tls = PostgresTLS(
+        mode=env.choice("DB_SSL_MODE", default.mode, PG_SSL_MODES),
+        root_cert=env.optional_str("DB_SSL_ROOT_CERT"),
+        cert=env.optional_str("DB_SSL_CERT"),
+        key=env.optional_str("DB_SSL_KEY"),
+    )
+    problems_before = len(env.problems)
+    if tls.mode in _UNVERIFIED_SSL_MODES:
+        for name, value in (("DB_SSL_ROOT_CERT", tls.root_cert), ("DB_SSL_CERT", tls.cert)):
+            if value is not None:
+                env.problem(
+                    f"{name}: set, but DB_SSL_MODE={tls.mode} does not use it; use require, verify-ca or verify-full"
+                )
+    if (tls.cert is None) != (tls.key is None):
+        env.problem("DB_SSL_CERT and DB_SSL_KEY: set both (a client certificate and its key) or neither")
+    if len(env.problems) > problems_before:
+        return default
+    for name, path in (("DB_SSL_ROOT_CERT", tls.root_cert), ("DB_SSL_CERT", tls.cert), ("DB_SSL_KEY", tls.key)):
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as error:
+                env.problem(f"{name}: cannot read {path!r}: {error.strerror or error}")
+    if len(env.problems) > problems_before:
+        return default
+    try:
+        tls.ssl_argument()
+    except (ssl.SSLError, ValueError) as error:
+        names = "DB_SSL_ROOT_CERT" if tls.cert is None else "DB_SSL_ROOT_CERT, DB_SSL_CERT or DB_SSL_KEY"
+        env.problem(f"{names}: not usable PEM ({error})")
+        return default
+    return tls
+
+
 @dataclass(frozen=True, slots=True)
 class PostgresSettings:
     """One PostgreSQL server holds LiteLLM's database and the service's own; one pool each."""
@@ -786,12 +876,44 @@ class PostgresSettings:
         meaning="Client-side timeout of each asyncpg call (unset or 0: none); if set, keep it above 30.",
     )
 
+    # TLS towards the server (DB_SSL_*), for both pools and `migrate`.
+    tls: PostgresTLS = derived(
+        _postgres_tls,
+        default=PostgresTLS(),
+        documents=(
+            Documented(
+                "DB_SSL_MODE",
+                "one of " + ", ".join(f"`{mode}`" for mode in PG_SSL_MODES),
+                "TLS to PostgreSQL, libpq's sslmode names: `prefer` tries TLS without verifying it;"
+                " `require` encrypts; `verify-ca` also checks the server's certificate against"
+                " `DB_SSL_ROOT_CERT`; `verify-full` also checks that it names `DB_HOST`"
+                " (docs/operations.md, 'TLS to PostgreSQL').",
+                "`prefer`",
+                "prefer",
+            ),
+            Documented(
+                "DB_SSL_ROOT_CERT",
+                "path",
+                "PEM file of the CA(s) the server's certificate must chain to (`verify-ca`, `verify-full`;"
+                " with `require` it verifies the chain, as libpq does). Unset: `verify-ca` and `verify-full`"
+                " trust the system's CAs; `require` verifies nothing.",
+            ),
+            Documented(
+                "DB_SSL_CERT",
+                "path",
+                "PEM client certificate, for a server that asks for one (needs `DB_SSL_KEY`; `require` or above).",
+            ),
+            Documented("DB_SSL_KEY", "path", "PEM private key of `DB_SSL_CERT` (unencrypted)."),
+        ),
+    )
+
     def connection_environ(self) -> dict[str, str]:
         """The variables that name this server and its two databases, as this class reads
         them: for a process that must reach the same databases (the dev stack's exports)."""
         wanted = ("host", "port", "username", "password", "litellm_db_name", "app_attest_db_name")
-        by_field = {spec.name: spec.metadata[_VARIABLE].name for spec in fields(self)}
-        return {by_field[name]: str(getattr(self, name)) for name in wanted}
+        by_field = {spec.name: spec.metadata[_VARIABLE].name for spec in fields(self) if spec.name in wanted}
+        environ = {by_field[name]: str(getattr(self, name)) for name in wanted}
+        return environ | self.tls.environ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -801,7 +923,10 @@ class AppAttestSettings:
     heading: ClassVar[str] = "App Attest (iOS)"
 
     development_team: str = variable(
-        "APP_DEVELOPMENT_TEAM", "TEAMID1234", meaning="Apple developer team id; an app id is `<team id>.<bundle id>`."
+        "APP_DEVELOPMENT_TEAM",
+        "TEAMID1234",
+        meaning="Apple developer team id; an app id is `<team id>.<bundle id>`. Production refuses it unset,"
+        " this default or a placeholder, unless `APP_ATTEST_ENABLED=false` (docs/operations.md, 'Platforms').",
     )
     production: bool = variable(
         "APP_ATTEST_PRODUCTION", False, meaning="Require the production App Attest environment, not development."
@@ -822,12 +947,24 @@ class AppAttestSettings:
     qa_root_ca_path: str | None = variable(
         "APP_ATTEST_QA_ROOT_CA_PATH", None, meaning="PEM file of the QA root CA, used with `APP_ATTEST_QA`."
     )
-    bundle_ids: frozenset[str] = variable("APP_ATTEST_BUNDLE_IDS", frozenset(), meaning="Bundle ids allowed; empty: any.")
+    bundle_ids: frozenset[str] = variable(
+        "APP_ATTEST_BUNDLE_IDS",
+        frozenset(),
+        normalize=_star_means_any,
+        meaning="Bundle ids allowed; `*`: any (the reference's behaviour). Production must set it while"
+        " App Attest is on; unset (debug, demo): any.",
+    )
     check_assertion_app_id: bool = variable(
         "APP_ATTEST_CHECK_ASSERTION_APP_ID",
         True,
         meaning="An assertion must be for the app id the request names (Apple's step 5, which the reference"
         " skipped); `false` only while clients transition (`docs/migration.md`).",
+    )
+    enabled: bool = variable(
+        "APP_ATTEST_ENABLED",
+        True,
+        meaning="Serve iOS clients (App Attest). `false` runs without them: every attestation and assertion is"
+        " refused (403), and start-up no longer asks for `APP_DEVELOPMENT_TEAM` and `APP_ATTEST_BUNDLE_IDS`.",
     )
 
 
@@ -862,7 +999,14 @@ class PlaySettings:
     google_credentials: str | None = variable(
         "PLAY_INTEGRITY_CREDENTIALS_FILE",
         None,
-        meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials.",
+        meaning="Service-account JSON file for the Play Integrity API; unset: Application Default Credentials."
+        " Production refuses to start without either, unless `PLAY_INTEGRITY_ENABLED=false`.",
+    )
+    enabled: bool = variable(
+        "PLAY_INTEGRITY_ENABLED",
+        True,
+        meaning="Serve Android clients (Play Integrity). `false` runs without them: `/verify/play` answers 403,"
+        " and start-up no longer asks for Google credentials.",
     )
 
 
@@ -1082,6 +1226,22 @@ class PrivacyFilterSettings:
         return self.api_base + path
 
 
+@dataclass(frozen=True, slots=True)
+class ReadinessSettings:
+    """What `/health/readiness` answers 503 for (compatibility.md D67)."""
+
+    heading: ClassVar[str] = "Readiness"
+
+    requires_dependencies: bool = variable(
+        "READINESS_REQUIRES_DEPENDENCIES",
+        False,
+        meaning="`true`: readiness also answers 503 while a database or LiteLLM does not answer, as the"
+        " reference did; a shared outage then takes every pod out of the Service at once, and clients get"
+        " the load balancer's error page. `false`: readiness follows this pod's own health (draining,"
+        " overloaded, schema behind); the dependencies' state is in the body and in `mlpa_dependency_up`.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1128,6 +1288,7 @@ class Settings:
     overload: OverloadSettings = OverloadSettings()
     redis: RedisSettings = RedisSettings()
     privacy_filter: PrivacyFilterSettings = PrivacyFilterSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
@@ -1170,6 +1331,7 @@ class Settings:
         settings = _read_section(env, cls, defaults, already_read={"server": server})
         if check_secrets and not (server.debug or demo):
             _refuse_default_secrets(env, _switched_off_secrets(settings))
+            _refuse_placeholders(env, settings)
         return settings
 
 
@@ -1313,6 +1475,95 @@ def _refuse_default_secrets(env: _Env, switched_off: frozenset[str] = frozenset(
                 " outstanding access token: Android clients get 401 once and re-run Play Integrity"
                 " (docs/migration.md, 'The access-token secret')"
             )
+
+
+# Values that can only fail requests later (compatibility.md D66): the reference's default team
+# id, and the shipped ConfigMap's "replace-with-..." placeholders.
+_TEAM_PLACEHOLDERS = frozenset({"TEAMID1234"})
+_PLACEHOLDER_PREFIX = "replace-with-"
+# Apple's team ids: ten upper-case letters and digits.
+_TEAM_ID_LENGTH = 10
+_OFF_HINT = "(defaults are accepted only with MLPA_DEBUG=true or in the demo)"
+
+
+def _refuse_placeholders(env: _Env, settings: Settings) -> None:
+    """The platform rules (docs/operations.md, "Platforms"): what iOS and Android clients need
+    is set to something that can work, or the platform is turned off explicitly."""
+    if settings.app_attest.enabled:
+        team = env.raw("APP_DEVELOPMENT_TEAM")
+        team = None if team is None else team.strip()
+        if team is None or team == "":
+            env.problem(f"APP_DEVELOPMENT_TEAM: {'not set' if team is None else 'empty'}; set your Apple team id,"
+                        f" or APP_ATTEST_ENABLED=false to run without iOS clients {_OFF_HINT}")
+        elif team in _TEAM_PLACEHOLDERS or team.startswith(_PLACEHOLDER_PREFIX):
+            env.problem(f"APP_DEVELOPMENT_TEAM: still the placeholder {team!r}; set your Apple team id, or"
+                        f" APP_ATTEST_ENABLED=false to run without iOS clients {_OFF_HINT}")
+        elif len(team) != _TEAM_ID_LENGTH or not (team.isascii() and team.isalnum() and team.upper() == team):
+            env.problem(f"APP_DEVELOPMENT_TEAM: {team!r} is not an Apple team id (ten upper-case letters and digits)")
+        bundles = (env.raw("APP_ATTEST_BUNDLE_IDS") or "").strip()
+        if bundles == "":
+            env.problem("APP_ATTEST_BUNDLE_IDS: not set; list your iOS apps' bundle ids, or `*` for any (the"
+                        f" reference's behaviour), or APP_ATTEST_ENABLED=false {_OFF_HINT}")
+        elif any(name.startswith(_PLACEHOLDER_PREFIX) for name in settings.app_attest.bundle_ids):
+            env.problem(f"APP_ATTEST_BUNDLE_IDS: still a placeholder ({bundles!r}); list your iOS apps' bundle ids")
+    if settings.play.enabled:
+        problem = _google_credentials_problem(env, settings.play.google_credentials)
+        if problem is not None:
+            env.problem(problem)
+
+
+def _google_credentials_problem(env: _Env, credentials_file: str | None) -> str | None:
+    """Why the Play Integrity calls could not get a Google token, found without a network call:
+    the file named is unreadable, or Application Default Credentials have nothing to use."""
+    if credentials_file is not None:
+        return _credentials_file_problem("PLAY_INTEGRITY_CREDENTIALS_FILE", credentials_file)
+    adc_file = (env.raw("GOOGLE_APPLICATION_CREDENTIALS") or "").strip()
+    if adc_file:
+        return _credentials_file_problem("GOOGLE_APPLICATION_CREDENTIALS", adc_file)
+    if _gcloud_credentials_exist(env) or _on_google_cloud(env):
+        return None
+    return (
+        "PLAY_INTEGRITY_CREDENTIALS_FILE: not set, and Application Default Credentials have nothing to use"
+        " (GOOGLE_APPLICATION_CREDENTIALS unset, no gcloud credentials, not on Google Cloud); set one of the two"
+        " to a service-account JSON file, or PLAY_INTEGRITY_ENABLED=false to run without Android clients"
+    )
+
+
+def _credentials_file_problem(name: str, path: str) -> str | None:
+    try:
+        with open(path, "rb") as file:
+            content = json.load(file)
+    except OSError as error:
+        return f"{name}: cannot read {path!r}: {error.strerror or error}"
+    except ValueError:
+        return f"{name}: {path!r} is not JSON (a Google credentials file is)"
+    if not isinstance(content, dict) or "type" not in content:
+        return f"{name}: {path!r} is not a Google credentials file (no `type`)"
+    return None
+
+
+def _gcloud_credentials_exist(env: _Env) -> bool:
+    """`gcloud auth application-default login`'s file, where google-auth looks for it."""
+    config = (env.raw("CLOUDSDK_CONFIG") or "").strip()
+    home = (env.raw("HOME") or "").strip()
+    folder = config or (f"{home}/.config/gcloud" if home else "")
+    return bool(folder) and os.path.isfile(f"{folder}/application_default_credentials.json")
+
+
+# The machine's product name on Google Compute Engine (GKE nodes included).
+_GCE_PRODUCT_NAME_FILE = "/sys/class/dmi/id/product_name"
+
+
+def _on_google_cloud(env: _Env) -> bool:
+    """A metadata server to ask (GKE workload identity, a VM's service account), as google-auth
+    decides without a network call: its override variable, or Google's machine product name."""
+    if (env.raw("GCE_METADATA_HOST") or "").strip():
+        return True
+    try:
+        with open(_GCE_PRODUCT_NAME_FILE, encoding="utf-8") as file:
+            return file.read().strip().startswith("Google")
+    except OSError:
+        return False
 
 
 def variable_names() -> frozenset[str]:

@@ -28,7 +28,7 @@ import structlog
 
 from ..settings import PostgresSettings, Settings
 from .capacity import seed_capacity_row
-from .pools import CONNECT_TIMEOUT_S, DATABASE_ERRORS, DatabaseConnectError, db_errors
+from .pools import CONNECT_TIMEOUT_S, DATABASE_ERRORS, connect_error, db_errors
 
 log = structlog.get_logger(__name__)
 
@@ -76,12 +76,10 @@ async def _connect(pg: PostgresSettings, database: str) -> asyncpg.Connection:
                 "application_name": "mlpa:migrate",
                 "statement_timeout": f"{pg.maintenance_statement_timeout_ms}ms",
             },
+            ssl=pg.tls.ssl_argument(),
         )
     except DATABASE_ERRORS as exc:
-        raise DatabaseConnectError(
-            f"cannot connect to PostgreSQL at {pg.host}:{pg.port}, database {database!r}, "
-            f"user {pg.username!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise connect_error(pg, database, exc) from exc
 
 
 async def create_database_if_missing(pg: PostgresSettings, name: str) -> bool:

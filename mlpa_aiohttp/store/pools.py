@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -50,9 +51,30 @@ STALE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 T = TypeVar("T")
 
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH.
+_NAME_MISMATCH_CODES = frozenset({62, 64})
+
 
 class DatabaseConnectError(StoreUnavailable):
     """A database could not be reached when the pools were opened."""
+
+
+def connect_error(pg: PostgresSettings, database: str, exc: BaseException) -> DatabaseConnectError:
+    """What a failed connection says at start: where, who, why (no password), and for a
+    certificate the server failed, which setting it failed."""
+    message = (
+        f"cannot connect to PostgreSQL at {pg.host}:{pg.port}, database {database!r}, "
+        f"user {pg.username!r}: {type(exc).__name__}: {exc}"
+    )
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        trusted = f"DB_SSL_ROOT_CERT ({pg.tls.root_cert})" if pg.tls.root_cert else "the system's trust store"
+        if exc.verify_code in _NAME_MISMATCH_CODES:
+            message += f"; with DB_SSL_MODE={pg.tls.mode} the server's certificate must name DB_HOST ({pg.host})"
+        else:
+            message += f"; with DB_SSL_MODE={pg.tls.mode} the server's certificate must chain to {trusted}"
+    elif "rejected SSL upgrade" in str(exc):
+        message += f"; DB_SSL_MODE={pg.tls.mode} needs a server with TLS on"
+    return DatabaseConnectError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,12 +183,10 @@ async def create_pool(pg: PostgresSettings, db_name: str) -> asyncpg.Pool:
             command_timeout=pg.command_timeout_s,
             server_settings=_server_settings(pg, db_name),
             timeout=CONNECT_TIMEOUT_S,
+            ssl=pg.tls.ssl_argument(),
         )
     except DATABASE_ERRORS as exc:
-        raise DatabaseConnectError(
-            f"cannot connect to PostgreSQL at {pg.host}:{pg.port}, database {db_name!r}, "
-            f"user {pg.username!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise connect_error(pg, db_name, exc) from exc
     assert pool is not None
     return pool
 

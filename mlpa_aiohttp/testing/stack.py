@@ -132,6 +132,10 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
             "MLPA_UI_ACCESS_KEY": f"sk-ui-{secrets.token_hex(12)}",
             "MLPA_ACCESS_TOKEN_SECRET": secrets.token_urlsafe(48),
             "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": secrets.token_urlsafe(24),
+            # No fake Apple or Google here: the service runs without iOS and Android clients,
+            # said explicitly as production must (compatibility.md D66).
+            "APP_ATTEST_ENABLED": "false",
+            "PLAY_INTEGRITY_ENABLED": "false",
             **pg.connection_environ(),
             TOKEN_VARIABLE: token,
         }

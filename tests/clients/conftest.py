@@ -19,7 +19,7 @@ from tests.support.app_attest_device import TestAttestationCA
 from tests.support.device_service import google  # noqa: F401 (fixture)
 from tests.support.fake_google import FakeGoogle
 
-TEAM = "TEAMID1234"
+TEAM = "TESTTEAM01"  # an Apple-shaped team id; TEAMID1234, the reference default, is refused outside debug
 IOS_BUNDLE = "org.mozilla.ios.Firefox"
 KEEPALIVE_SECONDS = "0.05"
 # With keep-alive on, LiteLLM takes this long to its first token, so keep-alive bytes go out.

@@ -175,6 +175,8 @@ async def test_image_serves_a_stream_and_stops_cleanly_as_non_root(
     port = free_port()
     environment = {
         **TEST_SECRETS,
+        # The Google credentials file named there is not in the image; no Android client here.
+        "PLAY_INTEGRITY_ENABLED": "false",
         "MLPA_STORE": "memory",
         "LITELLM_API_BASE": str(litellm_server.make_url("")).rstrip("/"),
         "FXA_BASE_URL": str(fxa_server.make_url("/v1")),

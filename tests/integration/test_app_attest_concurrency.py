@@ -21,7 +21,7 @@ from .conftest import PgServiceFactory
 
 pytestmark = pytest.mark.postgres
 
-TEAM = "TEAMID1234"
+TEAM = "TESTTEAM01"  # an Apple-shaped team id; TEAMID1234, the reference default, is refused outside debug
 BUNDLE = "org.mozilla.ios.Firefox"
 CLIENTS = 6
 ROUNDS = 12

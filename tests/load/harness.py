@@ -40,6 +40,9 @@ SECRETS = {
     "MLPA_UI_ACCESS_KEY": "sk-load-ui",
     "MLPA_ACCESS_TOKEN_SECRET": "load-test-access-token-secret-32-bytes+",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": "load-dev-token",
+    # The load runs no iOS or Android client: said explicitly, as production must (D66).
+    "APP_ATTEST_ENABLED": "false",
+    "PLAY_INTEGRITY_ENABLED": "false",
 }
 
 

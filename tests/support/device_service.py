@@ -12,7 +12,7 @@ import pytest
 from tests.support.app_attest_device import TestAttestationCA, TestDevice
 from tests.support.fake_google import FakeGoogle
 
-TEAM = "TEAMID1234"
+TEAM = "TESTTEAM01"  # an Apple-shaped team id; TEAMID1234, the reference default, is refused outside debug
 BUNDLE = "org.mozilla.ios.Firefox"
 
 

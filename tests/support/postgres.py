@@ -11,7 +11,8 @@ user (initdb refuses root): when the process is root the data directory is hande
 `postgres` (or `nobody`) account and the binaries run through `runuser`; binaries that
 account cannot reach (a venv under /root) are copied next to the data first. fsync is off
 for speed; commits stay synchronous, so stopping the server with `-m immediate` (outage
-tests) loses nothing. No binaries at all raise `PostgresBinariesMissing`: tests fail
+tests) loses nothing. `ThrowawayPostgres(tls=...)` starts it with TLS on and the given server
+certificate (tests/support/tls_certificates.py makes one from a CA of the test's own). No binaries at all raise `PostgresBinariesMissing`: tests fail
 loudly, they do not skip.
 """
 
@@ -36,6 +37,7 @@ from mlpa_aiohttp.testing.fake_litellm import CustomerExists
 from mlpa_aiohttp.testing.litellm_schema import EndUserTable, apply_litellm_schema
 
 from .processes import free_port
+from .tls_certificates import Issued
 
 BIN_DIR_CANDIDATES = (
     "/usr/lib/postgresql/15/bin",
@@ -102,7 +104,9 @@ def _major_version(bin_dir: str) -> int:
 class ThrowawayPostgres:
     """One PostgreSQL server in a temporary directory, on a free loopback port."""
 
-    def __init__(self, bin_dir: Path | None = None) -> None:
+    def __init__(self, bin_dir: Path | None = None, *, tls: Issued | None = None) -> None:
+        """`tls`: the server's certificate and key; the server then accepts TLS (ssl=on)."""
+        self.tls = tls
         self.bin_dir = bin_dir or find_bin_dir()
         self.port = free_port()
         self.host = "127.0.0.1"
@@ -152,6 +156,19 @@ class ThrowawayPostgres:
             "--no-sync",
         )  # fmt: skip
         pwfile.unlink()
+        if self.tls is not None:
+            self._install_server_certificate(self.tls)
+
+    def _install_server_certificate(self, tls: Issued) -> None:
+        """server.crt and server.key in the data directory; PostgreSQL refuses a key that
+        others can read, or that belongs to another account."""
+        for name, content, mode in (("server.crt", tls.cert_pem, 0o644), ("server.key", tls.key_pem, 0o600)):
+            path = self.data_dir / name
+            path.write_bytes(content)
+            path.chmod(mode)
+            if self._run_as is not None:
+                account = pwd.getpwnam(self._run_as)
+                os.chown(path, account.pw_uid, account.pw_gid)
 
     def _account_can_run(self, binary: Path) -> bool:
         assert self._run_as is not None
@@ -187,6 +204,7 @@ class ThrowawayPostgres:
                 "-c full_page_writes=off",
                 "-c max_connections=200",
             ]
+            + (["-c ssl=on", "-c ssl_cert_file=server.crt", "-c ssl_key_file=server.key"] if self.tls else [])
         )
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w", "-o", options, "start")
 

@@ -19,7 +19,7 @@ from tests.support.app_attest_device import TestAttestationCA, TestDevice, compa
 from ..conftest import Service, chat_body, events
 from .app_attest_vectors import load_vectors, vectors_dir
 
-TEAM = "TEAMID1234"
+TEAM = "TESTTEAM01"  # an Apple-shaped team id; TEAMID1234, the reference default, is refused outside debug
 BUNDLE = "org.mozilla.ios.Firefox"
 ATTESTATION_REJECTED = {"detail": "Attestation verification failed"}
 ASSERTION_REJECTED = {"detail": "Invalid App Attest assertion"}

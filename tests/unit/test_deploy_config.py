@@ -10,7 +10,9 @@ Variables: every one the manifests or config/example.env set is read by someone,
 example.env (made from the settings, tests/unit/test_config_reference.py) documents all of
 them and reads back as the defaults. Shutdown: terminationGracePeriodSeconds > preStop pause +
 gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain budget
-(compatibility.md D6). Probes point at the health routes.
+(compatibility.md D6). Probes point at the health routes. Order (compatibility.md D65): under
+Argo CD the migration Job syncs after the ConfigMap, Secret and ServiceAccount its pod reads and
+before the Deployment.
 """
 
 from __future__ import annotations
@@ -195,8 +197,33 @@ def test_unedited_secret_is_refused_at_startup() -> None:
         Settings.from_environ(manifest_env())
 
 
-def test_manifest_settings_load_once_secrets_are_set() -> None:
+# The shipped ConfigMap's placeholders an operator replaces, and Google credentials (on GKE
+# workload identity supplies them; here a file).
+PLATFORM_VALUES = {
+    "APP_DEVELOPMENT_TEAM": "ABCDE12345",
+    "APP_ATTEST_BUNDLE_IDS": "org.example.ios",
+    "PLAY_INTEGRITY_CREDENTIALS_FILE": TEST_SECRETS["PLAY_INTEGRITY_CREDENTIALS_FILE"],
+}
+
+
+def operator_env() -> dict[str, str]:
+    """The manifests' environment once the operator has set what they must."""
+    return manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS} | PLATFORM_VALUES
+
+
+def test_unedited_configmap_is_refused_at_startup() -> None:
+    """The ConfigMap's iOS placeholders stop the start, each named, as the Secret's defaults do."""
     env = manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS}
+    env["PLAY_INTEGRITY_CREDENTIALS_FILE"] = PLATFORM_VALUES["PLAY_INTEGRITY_CREDENTIALS_FILE"]
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_environ(env)
+    named = [problem.split(":", 1)[0] for problem in refused.value.problems]
+    assert named == ["APP_DEVELOPMENT_TEAM", "APP_ATTEST_BUNDLE_IDS"]
+    assert all("placeholder" in problem for problem in refused.value.problems)
+
+
+def test_manifest_settings_load_once_secrets_are_set() -> None:
+    env = operator_env()
     settings = Settings.from_environ(env)
     assert settings.server.debug is False
     assert settings.server.log_json is True
@@ -529,7 +556,7 @@ def test_the_catalogue_is_mounted_where_mlpa_catalog_file_points() -> None:
     [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == CATALOG_CONFIGMAP
     assert path.name in the("ConfigMap", CATALOG_CONFIGMAP)["data"]
-    settings = Settings.from_environ(manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS})
+    settings = Settings.from_environ(operator_env())
     from mlpa_aiohttp.catalog.file import parse_catalog
 
     assert settings.catalog == parse_catalog(catalogue_text().encode())
@@ -702,3 +729,56 @@ def test_the_overload_probe_fits_the_hysteresis() -> None:
     assert probe["periodSeconds"] * probe["failureThreshold"] <= settings.overload.recover_seconds
     assert probe["timeoutSeconds"] > settings.postgres.readiness_check_timeout_s
     assert probe["successThreshold"] >= 2
+
+
+# --- order: the migration Job between its inputs and the pods (Argo CD) ---------------------
+
+SYNC_WAVE = "argocd.argoproj.io/sync-wave"
+HOOK = "argocd.argoproj.io/hook"
+
+
+def sync_order(obj: Mapping[str, Any]) -> tuple[int, int]:
+    """(phase, wave) as Argo CD orders a sync: PreSync hooks before everything else, then the
+    Sync phase (plain resources and Sync hooks) by wave (0 when unannotated)."""
+    annotations = obj["metadata"].get("annotations", {})
+    phases = {"PreSync": 0, "Sync": 1, "PostSync": 2}
+    phase = phases[annotations[HOOK]] if HOOK in annotations else phases["Sync"]
+    return phase, int(annotations.get(SYNC_WAVE, "0"))
+
+
+def pod_inputs(obj: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """The objects a workload's pods need to exist before they can start."""
+    spec = obj["spec"]["template"]["spec"]
+    needed = {("ServiceAccount", spec["serviceAccountName"])} if "serviceAccountName" in spec else set()
+    for container in spec["containers"]:
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                needed.add(("ConfigMap", source["configMapRef"]["name"]))
+            if "secretRef" in source:
+                needed.add(("Secret", source["secretRef"]["name"]))
+    for volume in spec.get("volumes", []):
+        if "configMap" in volume:
+            needed.add(("ConfigMap", volume["configMap"]["name"]))
+    return needed
+
+
+@pytest.mark.parametrize("directory", [MANIFEST_DIR, OVERLOAD_DIR], ids=["base", "overload"])
+def test_argo_cd_syncs_the_jobs_inputs_then_the_job_then_the_pods(directory: Path) -> None:
+    objects = by_identity(rendered(directory))
+    job, deployment = objects[("Job", "mlpa-migrate")], objects[("Deployment", "mlpa")]
+    # A hook: Argo CD deletes the finished Job before creating the new one (its template is immutable).
+    annotations = job["metadata"]["annotations"]
+    assert annotations[HOOK] == "Sync" and annotations["argocd.argoproj.io/hook-delete-policy"] == "BeforeHookCreation"
+    for needed in pod_inputs(job):
+        assert needed in objects, f"the Job needs {needed}, which is not shipped"
+        assert sync_order(objects[needed]) < sync_order(job), f"{needed} syncs after the Job that reads it"
+    for needed in pod_inputs(deployment):
+        assert sync_order(objects[needed]) < sync_order(deployment), f"{needed} syncs after the pods"
+    assert sync_order(job) < sync_order(deployment), "the pods sync before the migration Job"
+
+
+def test_the_order_check_refuses_a_presync_job() -> None:
+    """The check above can fail: a PreSync hook runs before the ConfigMap and Secret it reads."""
+    job = copy.deepcopy(the("Job"))
+    job["metadata"]["annotations"][HOOK] = "PreSync"
+    assert sync_order(job) < sync_order(the("ConfigMap"))

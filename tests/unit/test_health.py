@@ -1,9 +1,12 @@
-"""Health probes over real HTTP (compatibility.md §1.2, D6): liveness never does I/O; readiness
-is 200 only when every dependency is ready, each check bounded by READINESS_CHECK_TIMEOUT_S."""
+"""Health probes over real HTTP (compatibility.md §1.2, D6, D67): liveness never does I/O;
+readiness reports every dependency, each check bounded by READINESS_CHECK_TIMEOUT_S, and its
+status code is 200 while this pod can serve; a dependency down makes it 503 only with
+READINESS_REQUIRES_DEPENDENCIES=true (the reference's behaviour). The degraded cases run both ways."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import pytest
@@ -74,6 +77,24 @@ async def service_with_store(aiohttp_client, fake_litellm_server, fake_fxa_serve
         return Service(client=client, litellm=litellm, fxa=fxa, app=app), holder["store"]
 
     return build
+
+
+@dataclass(frozen=True)
+class DependencyRule:
+    env: dict[str, str]
+    # Readiness's status code while a dependency is down (the body says "degraded" either way).
+    status_when_a_dependency_is_down: int
+
+
+@pytest.fixture(
+    params=[
+        DependencyRule({}, 200),  # the default: this pod's own health decides (D67)
+        DependencyRule({"READINESS_REQUIRES_DEPENDENCIES": "true"}, 503),  # the reference's rule
+    ],
+    ids=["own-health", "requires-dependencies"],
+)
+def rule(request: pytest.FixtureRequest) -> DependencyRule:
+    return request.param
 
 
 async def readiness(service: Service) -> tuple[int, dict[str, Any]]:
@@ -174,37 +195,43 @@ async def test_litellm_version_is_remembered_once_known(service: Service) -> Non
         {"status": "healthy"},
     ],
 )
-async def test_litellm_not_ready_is_degraded_with_its_body(service: Service, litellm_body: dict) -> None:
+async def test_litellm_not_ready_is_degraded_with_its_body(
+    make_service: ServiceFactory, rule: DependencyRule, litellm_body: dict
+) -> None:
+    service = await make_service(**rule.env)
     service.litellm.readiness_body = litellm_body
     status, body = await readiness(service)
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["status"] == "degraded"
     assert body["pg_server_dbs"] == {"postgres": MEMORY_STORE_STATE, "app_attest": MEMORY_STORE_STATE}
     assert body["litellm"] == {"version": service.litellm.litellm_version, **litellm_body}
 
 
-async def test_litellm_error_status_is_unreachable(service: Service) -> None:
+async def test_litellm_error_status_is_unreachable(make_service: ServiceFactory, rule: DependencyRule) -> None:
+    service = await make_service(**rule.env)
     service.litellm.readiness_down = True
     status, body = await readiness(service)
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["status"] == "degraded"
     assert body["litellm"] == {"version": service.litellm.litellm_version, "status": "unreachable"}
 
 
-async def test_slow_litellm_is_unreachable_within_the_bound(service_with_store) -> None:
-    service, _ = await service_with_store(READINESS_CHECK_TIMEOUT_S="0.3")
+async def test_slow_litellm_is_unreachable_within_the_bound(service_with_store, rule: DependencyRule) -> None:
+    service, _ = await service_with_store(READINESS_CHECK_TIMEOUT_S="0.3", **rule.env)
     service.litellm.readiness_delay = 5.0
     status, body = await readiness(service)
     # LiteLLM would answer "healthy" after 5 s: "unreachable" is the bound cutting it short.
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["litellm"]["status"] == "unreachable"
     assert body["pg_server_dbs"] == {"postgres": "connected", "app_attest": "connected"}
 
 
-async def test_unreachable_litellm_is_degraded_and_version_unknown(make_service: ServiceFactory) -> None:
-    service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9")
+async def test_unreachable_litellm_is_degraded_and_version_unknown(
+    make_service: ServiceFactory, rule: DependencyRule
+) -> None:
+    service = await make_service(LITELLM_API_BASE="http://127.0.0.1:9", **rule.env)
     status, body = await readiness(service)
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["litellm"] == {"version": "N/A", "status": "unreachable"}
 
 
@@ -215,31 +242,31 @@ async def test_unreachable_litellm_is_degraded_and_version_unknown(make_service:
         ({"postgres": True, "app_attest": False}, {"postgres": "connected", "app_attest": "offline"}),
     ],
 )
-async def test_a_database_down_is_degraded(service_with_store, ping: dict, expected: dict) -> None:
-    service, store = await service_with_store()
+async def test_a_database_down_is_degraded(service_with_store, rule: DependencyRule, ping: dict, expected: dict) -> None:
+    service, store = await service_with_store(**rule.env)
     store.ping_result = ping
     status, body = await readiness(service)
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["status"] == "degraded"
     assert body["pg_server_dbs"] == expected
     # LiteLLM's check is independent of the databases'.
     assert body["litellm"]["status"] == "healthy"
 
 
-async def test_a_failing_database_ping_is_offline_not_an_error(service_with_store) -> None:
-    service, store = await service_with_store()
+async def test_a_failing_database_ping_is_offline_not_an_error(service_with_store, rule: DependencyRule) -> None:
+    service, store = await service_with_store(**rule.env)
     store.ping_error = OSError("connection refused")
     status, body = await readiness(service)
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["pg_server_dbs"] == {"postgres": "offline", "app_attest": "offline"}
 
 
-async def test_slow_database_ping_is_bounded(service_with_store) -> None:
-    service, store = await service_with_store(READINESS_CHECK_TIMEOUT_S="0.3")
+async def test_slow_database_ping_is_bounded(service_with_store, rule: DependencyRule) -> None:
+    service, store = await service_with_store(READINESS_CHECK_TIMEOUT_S="0.3", **rule.env)
     store.ping_delay = 5.0
     status, body = await readiness(service)
     # The ping would succeed after 5 s: "offline" is the bound cutting it short.
-    assert status == 503
+    assert status == rule.status_when_a_dependency_is_down
     assert body["pg_server_dbs"] == {"postgres": "offline", "app_attest": "offline"}
     assert body["litellm"]["status"] == "healthy"
 

@@ -250,7 +250,8 @@ def test_secret_values_come_from_settings() -> None:
     settings = Settings.from_environ(
         {"MASTER_KEY": "m" * 8, "MLPA_VIRTUAL_KEY": "v" * 8, "MLPA_UI_ACCESS_KEY": "u" * 8,
          "MLPA_ACCESS_TOKEN_SECRET": "t" * 32, "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": "",
-         "DB_PASSWORD": "p" * 8, "SENTRY_DSN": "https://k@sentry.test/1", "PRIVACY_FILTER_MASTER_KEY": "f" * 8}
+         "DB_PASSWORD": "p" * 8, "SENTRY_DSN": "https://k@sentry.test/1", "PRIVACY_FILTER_MASTER_KEY": "f" * 8,
+         "APP_ATTEST_ENABLED": "false", "PLAY_INTEGRITY_ENABLED": "false"}
     )
     assert set(secret_values(settings)) == {
         "m" * 8, "v" * 8, "u" * 8, "t" * 32, "", "p" * 8, "https://k@sentry.test/1", "f" * 8

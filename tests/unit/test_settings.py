@@ -21,7 +21,7 @@ from mlpa_aiohttp.settings import (
     variable_names,
 )
 
-from ..conftest import TEST_SECRETS
+from ..conftest import TEST_KEYS, TEST_SECRETS
 
 
 def test_defaults_and_overrides() -> None:
@@ -70,7 +70,7 @@ def test_default_secrets_are_refused_outside_debug(name: str) -> None:
 
 def test_secrets_never_in_repr() -> None:
     text = repr(Settings.from_environ(TEST_SECRETS))
-    for secret in TEST_SECRETS.values():
+    for secret in TEST_KEYS.values():
         assert secret not in text
 
 
