@@ -37,6 +37,7 @@ from .test_deploy_config import (
     load_gunicorn_conf,
     main_container,
     manifest_env,
+    operator_env,
     pod_spec,
     rendered,
 )
@@ -59,7 +60,7 @@ OVERLAY_IDS = ["gke", "ingress-nginx", "servicemonitor"]
 
 
 def settings() -> Settings:
-    return Settings.from_environ(manifest_env() | {name: f"real-{name.lower()}-value" for name in DEFAULT_SECRETS})
+    return Settings.from_environ(operator_env())
 
 
 def one(objects: tuple[dict[str, Any], ...], kind: str, name: str = "mlpa") -> dict[str, Any]:

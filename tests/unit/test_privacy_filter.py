@@ -18,6 +18,8 @@ from mlpa_aiohttp.testing.fake_privacy_filter import (
     FakePrivacyFilter,
 )
 
+from tests.support.metrics import sample
+
 from ..conftest import TEST_SECRETS, Service, ServiceFactory, events
 
 FILTER_KEY = "sk-test-privacy-filter"
@@ -51,6 +53,20 @@ async def filter_service(make_service: ServiceFactory, fake_filter_server) -> As
         PRIVACY_FILTER_ENABLED="true",
         PRIVACY_FILTER_MASTER_KEY=FILTER_KEY,
         PRIVACY_FILTER_API_BASE=str(server.make_url("")).rstrip("/"),
+    )
+    yield service, fake
+
+
+@pytest.fixture
+async def reference_readiness(make_service: ServiceFactory, fake_filter_server) -> AsyncIterator[tuple[Service, FakePrivacyFilter]]:
+    """The filter on, and readiness under the reference's rule (READINESS_REQUIRES_DEPENDENCIES,
+    compatibility.md D67): a filter that is not ready makes the pod unready."""
+    fake, server = fake_filter_server
+    service = await make_service(
+        PRIVACY_FILTER_ENABLED="true",
+        PRIVACY_FILTER_MASTER_KEY=FILTER_KEY,
+        PRIVACY_FILTER_API_BASE=str(server.make_url("")).rstrip("/"),
+        READINESS_REQUIRES_DEPENDENCIES="true",
     )
     yield service, fake
 
@@ -299,8 +315,8 @@ async def test_readiness_reports_a_ready_filter(filter_service) -> None:
     assert "x-pf-api-key" not in probe.headers and "authorization" not in probe.headers
 
 
-async def test_readiness_503_when_the_filter_says_not_ready(filter_service) -> None:
-    service, fake = filter_service
+async def test_readiness_503_when_the_filter_says_not_ready(reference_readiness) -> None:
+    service, fake = reference_readiness
     fake.ready = False
     status, body = await readiness(service)
     assert status == 503
@@ -308,9 +324,24 @@ async def test_readiness_503_when_the_filter_says_not_ready(filter_service) -> N
     assert body["privacy_filter"] == {"version": fake.version, "model_id": fake.model_id}
 
 
-@pytest.mark.parametrize("ready_value", ["true", 1, None])
-async def test_only_json_true_is_ready(filter_service, ready_value: Any) -> None:
+async def test_a_filter_not_ready_leaves_the_pod_ready_by_default_and_says_so(filter_service) -> None:
+    """D67: the Privacy Filter is a shared dependency; its state is in the body and the metric."""
     service, fake = filter_service
+    fake.ready = False
+    status, body = await readiness(service)
+    assert status == 200
+    assert body["status"] == "degraded"
+    assert body["privacy_filter"] == {"version": fake.version, "model_id": fake.model_id}
+    assert sample(service, "mlpa_dependency_up", {"dependency": "privacy_filter"}) == 0
+    fake.ready = True
+    status, body = await readiness(service)
+    assert (status, body["status"]) == (200, "connected")
+    assert sample(service, "mlpa_dependency_up", {"dependency": "privacy_filter"}) == 1
+
+
+@pytest.mark.parametrize("ready_value", ["true", 1, None])
+async def test_only_json_true_is_ready(reference_readiness, ready_value: Any) -> None:
+    service, fake = reference_readiness
     fake.readyz_body = {"ready": ready_value}
     status, body = await readiness(service)
     assert status == 503
@@ -318,8 +349,10 @@ async def test_only_json_true_is_ready(filter_service, ready_value: Any) -> None
 
 
 @pytest.mark.parametrize("status_code, readyz_body", [(503, {"ready": True}), (200, "not json"), (200, ["x"])])
-async def test_unreachable_filter_makes_readiness_503(filter_service, status_code: int, readyz_body: Any) -> None:
-    service, fake = filter_service
+async def test_unreachable_filter_makes_readiness_503(
+    reference_readiness, status_code: int, readyz_body: Any
+) -> None:
+    service, fake = reference_readiness
     fake.readyz_status, fake.readyz_body = status_code, readyz_body
     status, body = await readiness(service)
     assert status == 503
@@ -334,6 +367,7 @@ async def test_slow_filter_readiness_is_cut_at_the_readiness_bound(make_service:
         PRIVACY_FILTER_MASTER_KEY=FILTER_KEY,
         PRIVACY_FILTER_API_BASE=str(server.make_url("")).rstrip("/"),
         READINESS_CHECK_TIMEOUT_S="0.2",
+        READINESS_REQUIRES_DEPENDENCIES="true",
     )
     status, body = await readiness(service)
     assert status == 503
