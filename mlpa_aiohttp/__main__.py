@@ -25,6 +25,7 @@ from .settings import Settings, SettingsError, variable_names
 from .settings.compat import warn_about_environment
 from .process.startup import (
     DATABASE_HINT,
+    REDIS_HINT,
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
     EXIT_UNAVAILABLE,
@@ -32,6 +33,7 @@ from .process.startup import (
     report_config_error,
     report_unavailable,
 )
+from .fleet.traffic_contracts import ContractsRedisUnreachable
 from .store.base import StoreUnavailable
 
 if TYPE_CHECKING:
@@ -188,6 +190,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
     except StoreUnavailable as error:
         return report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=EXIT_UNAVAILABLE)
+    except ContractsRedisUnreachable as error:
+        return report_unavailable("redis", error, os.environ, hint=REDIS_HINT, exit_code=EXIT_UNAVAILABLE)
     except OSError as error:
         return _cannot_listen(error, args.host, port, os.environ)
     log.info("serve_stopped", address=address)

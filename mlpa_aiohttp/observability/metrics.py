@@ -52,6 +52,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "server_shutdown": "excluded",
     # Ours: MAX_CONCURRENT_STREAMS_PER_USER turned a caller away, a policy like a rate limit.
     "concurrent_stream_limit": "excluded",
+    # Ours: enforced traffic contracts (TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT) refused it, a policy too.
+    "traffic_contract_exceeded": "excluded",
 }
 
 
@@ -182,15 +184,24 @@ class Metrics:
             ("operation", "kind"),
             registry=r,
         )
+        # Traffic contracts (fleet/traffic_contracts.py), only while they are enabled.
+        self.traffic_contract_counts_dropped = Counter(
+            "mlpa_traffic_contract_counts_dropped",
+            "Traffic-contract counts dropped because too many were already waiting for Redis",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )
         self.requests = Counter(
             "mlpa_requests",
             "Requests",
-            ("method", "endpoint", "service_type", "purpose", "major_fx_version"),
+            (
+                "method", "endpoint", "service_type", "purpose", "major_fx_version",
+                "traffic_contract_rpm_mode", "traffic_contract_tpm_mode",
+            ),
             registry=r,
-        )
+        )  # fmt: skip
         self.requests_by_country = Counter(
             "mlpa_requests_by_country", "Requests by country", ("service_type", "model", "client_country"), registry=r
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import Classification
 from ..observability import log_context
@@ -25,21 +25,39 @@ class Usage:
     completion_tokens: int
     # Function names of the completion's tool calls, by call index ("" when unnamed).
     tool_names: tuple[str, ...] = ()
+    # LiteLLM's `total_tokens`, 0 when absent: what traffic contracts count (§A.8).
+    total_tokens: int = 0
 
     @property
     def tool_calls(self) -> int:
         return len(self.tool_names)
 
 
-class CompletionOutcome:
-    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started")
+# Traffic contracts' count of a request that reached upstream: (LiteLLM's total_tokens or 0,
+# the content deltas a stream relayed or None); fleet/traffic_contracts.count_after.
+CountAfterUpstream = Callable[[int, "int | None"], None]
 
-    def __init__(self, metrics: Metrics, *, model: str, service_type: str, purpose: str, started: float) -> None:
+
+class CompletionOutcome:
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "_started", "count_after_upstream")
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        model: str,
+        service_type: str,
+        purpose: str,
+        started: float,
+        count_after_upstream: CountAfterUpstream | None = None,
+    ) -> None:
         self._metrics = metrics
         self.model = model
         self.service_type = service_type
         self.purpose = purpose
         self._started = started
+        # None unless traffic contracts are enabled.
+        self.count_after_upstream = count_after_upstream
 
     def _finish(self, result: str, model_label: str, availability_reason: str) -> None:
         elapsed = time.monotonic() - self._started

@@ -5,6 +5,7 @@ request means to the metrics is the error's own (`errors.ApiError`), recorded by
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,8 @@ import structlog
 from aiohttp import web
 
 from .. import keys
-from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
+from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, OverTrafficContract, TooManyStreams
+from ..fleet.traffic_contracts import Admission
 from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
@@ -22,7 +24,7 @@ from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
-from ..relay.outcome import CompletionOutcome
+from ..relay.outcome import CompletionOutcome, CountAfterUpstream
 from ..relay.keepalive import FirstByteKeepAlive
 from ..relay.stream import StreamRelay
 from ..settings import TRUTHY
@@ -188,6 +190,7 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
     chat, principal = await authorize_chat(request)
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose)
     with refusals_recorded(metrics, labels):
+        admission = await admit_by_traffic_contract(request, principal.service_type)
         await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
@@ -196,7 +199,12 @@ async def _prepare_completion(request: web.Request, started: float) -> PreparedC
         stream=chat.stream,
         labels=labels,
         outcome=CompletionOutcome(
-            metrics, model=chat.model, service_type=labels.service_type, purpose=labels.purpose, started=started
+            metrics,
+            model=chat.model,
+            service_type=labels.service_type,
+            purpose=labels.purpose,
+            started=started,
+            count_after_upstream=_traffic_contract_count(request, labels.service_type, admission),
         ),
         user_id=principal.user_id,
     )
@@ -214,6 +222,7 @@ async def search(request: web.Request) -> web.Response:
     service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
+    admission = await admit_by_traffic_contract(request, service_type)
     await app[keys.PROVISIONER].provision(principal.user_id)
     return await relay_search(
         client=app[keys.LITELLM],
@@ -222,4 +231,32 @@ async def search(request: web.Request) -> web.Response:
         service_type=service_type,
         purpose=purpose,
         debug=app[keys.SETTINGS].server.debug,
+        count_after_upstream=_traffic_contract_count(request, service_type, admission),
     )
+
+
+async def admit_by_traffic_contract(request: web.Request, service_type: str) -> Admission | None:
+    """The traffic-contract check before upstream (compatibility.md §A.8, §A.13), when enabled:
+    the request's modes for its metric sample; raises the 503 (fail-closed) or, enforcing,
+    the 429 (error 12)."""
+    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
+    if contracts is None:
+        return None
+    try:
+        admission = await contracts.admit(service_type)
+    except OverTrafficContract as refusal:
+        request[keys.TRAFFIC_CONTRACT_MODES] = refusal.modes
+        raise
+    if admission is not None:
+        request[keys.TRAFFIC_CONTRACT_MODES] = admission.modes
+    return admission
+
+
+def _traffic_contract_count(
+    request: web.Request, service_type: str, admission: Admission | None
+) -> CountAfterUpstream | None:
+    """What counts the request once it reached upstream; None when contracts are off."""
+    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
+    if contracts is None:
+        return None
+    return functools.partial(contracts.count_after, service_type, admission)
