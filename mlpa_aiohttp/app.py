@@ -258,16 +258,15 @@ async def _redis_context(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _traffic_contracts_context(app: web.Application) -> AsyncIterator[None]:
-    """Traffic contracts when enabled: Redis must answer at start; at shutdown the counts
-    still in flight finish before the link closes."""
+    """Traffic contracts when enabled: Redis must answer at start; their one flusher task
+    writes the counts, and at shutdown what is left before the link closes."""
     settings = app[keys.SETTINGS]
     if not settings.traffic_contracts.enabled:
         yield
         return
-    contracts = TrafficContracts(
-        settings.traffic_contracts, app[keys.REDIS], settings.catalog.traffic_features, app[keys.METRICS]
-    )
+    contracts = TrafficContracts(settings.traffic_contracts, app[keys.REDIS], settings.catalog.traffic_features)
     await contracts.ping()
+    contracts.start()
     app[keys.TRAFFIC_CONTRACTS] = contracts
     try:
         yield

@@ -4,8 +4,11 @@ fixed windows in Redis, and each request classified against their limits.
 
 Layout: one hash per dimension and window, `{prefix}:{rpm|tpm}:{window_start}`, one field
 per feature name and `__basket__` (their sum), expiring `TRAFFIC_CONTRACT_COUNTER_TTL_SECONDS`
-after its last count. A request costs two round trips, each one script: the check before
-upstream (`admit`) and the count after it (`count_after`, in the background).
+after its last count. A request costs one round trip, a script, before upstream (`admit`);
+its count after it (`count_after`) is added up in the worker and written by the one flusher
+task, every FLUSH_INTERVAL_SECONDS, one script per window and feature that has counts: the
+response never waits, and a busy worker makes a few count round trips a second, not one per
+request.
 
 Two modes:
 * observational (the reference's): the check only reads; an over-contract request is logged
@@ -39,7 +42,6 @@ from ..catalog import (
 )
 from ..errors import OverTrafficContract, TrafficContractUnavailable
 from ..observability import log_context
-from ..observability.metrics import Metrics
 from ..settings import TrafficContractSettings
 from .redis_link import RedisLink, RedisUnavailable
 
@@ -54,10 +56,9 @@ MODES = (NORMAL, BORROWED, DEGRADED, NOT_APPLICABLE)
 UNCHECKED = (NOT_APPLICABLE, NOT_APPLICABLE)
 
 BASKET_FIELD = "__basket__"
-# Counts waiting for Redis at once, per worker. Each waits at most REDIS_TIMEOUT_MS, so this
-# holds a second of a thousand requests per second on a slow Redis; past it a count is dropped
-# (mlpa_traffic_contract_counts_dropped_total) rather than queued without bound.
-MAX_PENDING_COUNTS = 1000
+# How long the flusher gathers counts before writing them: the counters lag the requests'
+# ends by at most this (plus one Redis call).
+FLUSH_INTERVAL_SECONDS = 0.05
 
 # KEYS: the RPM and TPM keys of the current windows. ARGV: feature, RPM feature and basket
 # limits, TPM feature and basket limits, reserve (1: count the request's RPM unless the
@@ -187,14 +188,12 @@ class TrafficContracts:
         settings: TrafficContractSettings,
         link: RedisLink,
         traffic_features: Mapping[str, str],
-        metrics: Metrics,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.enforcing = settings.reject_over_contract
         self._link = link
-        self._metrics = metrics
         self._clock = clock
         names = {
             TRAFFIC_FEATURE_SMART_WINDOW: settings.smart_window_feature,
@@ -217,7 +216,13 @@ class TrafficContracts:
         }
         self._check = link.client.register_script(CHECK_SCRIPT)
         self._count = link.client.register_script(COUNT_SCRIPT)
-        self._pending: set[asyncio.Task[None]] = set()
+        # Counts not yet written: (RPM key, TPM key, feature) -> [requests, tokens]. At most a
+        # few entries (the windows and features of the last interval), so bounded by nature.
+        self._unflushed: dict[tuple[str, str, str], list[int]] = {}
+        self._in_flight = 0
+        self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
 
     def keys(self, now: float) -> tuple[str, str]:
         prefix, s = self.settings.key_prefix, self.settings
@@ -286,10 +291,10 @@ class TrafficContracts:
         return admission
 
     def count_after(self, service_type: str, admission: Admission | None, total_tokens: int, content_deltas: int | None) -> None:
-        """Count a request that reached upstream, in the background: RPM +1 (unless reserved
-        at admission), TPM + LiteLLM's `total_tokens` when it reported one; enforcing, a stream
+        """Count a request that reached upstream, for the flusher: RPM +1 (unless reserved at
+        admission), TPM + LiteLLM's `total_tokens` when it reported one; enforcing, a stream
         without it counts `content_deltas`, an estimate (the log field
-        `traffic_contract_tokens_estimated`)."""
+        `traffic_contract_tokens_estimated`). Synchronous: safe where a handler is cancelled."""
         contract = self._contracts.get(service_type)
         if contract is None:
             return
@@ -301,27 +306,59 @@ class TrafficContracts:
             log_context.bind(traffic_contract_tokens=tokens, traffic_contract_tokens_estimated=estimated)
         if not requests and not tokens:
             return
-        if len(self._pending) >= MAX_PENDING_COUNTS:
-            self._metrics.traffic_contract_counts_dropped.inc()
-            return
-        keys = self.keys(self._clock())
-        args = (contract[0], requests, tokens, self.settings.counter_ttl_seconds)
-        task = asyncio.get_running_loop().create_task(self._run_count(keys, args))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _run_count(self, keys: tuple[str, str], args: tuple[Any, ...]) -> None:
-        try:
-            await self._link.run("traffic_contract_count", lambda client: self._count(keys=keys, args=args, client=client))
-        except RedisUnavailable:
-            # Logged once per episode by the link, and counted; the response is long gone.
-            pass
+        rpm_key, tpm_key = self.keys(self._clock())
+        entry = self._unflushed.get((rpm_key, tpm_key, contract[0]))
+        if entry is None:
+            self._unflushed[(rpm_key, tpm_key, contract[0])] = [requests, tokens]
+            self._wake.set()
+        else:
+            entry[0] += requests
+            entry[1] += tokens
 
     @property
     def pending_counts(self) -> int:
-        return len(self._pending)
+        """Counts not yet written to Redis (or being written)."""
+        return len(self._unflushed) + self._in_flight
+
+    def start(self) -> None:
+        """The one flusher task, for the app's lifetime (`close` ends it)."""
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_while_open())
+
+    async def _flush_while_open(self) -> None:
+        while not self._closing.is_set():
+            await self._wake.wait()
+            # Gather the counts of one interval (shutdown cuts the wait short).
+            try:
+                await asyncio.wait_for(self._closing.wait(), FLUSH_INTERVAL_SECONDS)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._unflushed = self._unflushed, {}
+        self._in_flight = len(batch)
+        ttl = self.settings.counter_ttl_seconds
+        try:
+            for (rpm_key, tpm_key, feature), (requests, tokens) in batch.items():
+                keys, args = (rpm_key, tpm_key), (feature, requests, tokens, ttl)
+                try:
+                    await self._link.run(
+                        "traffic_contract_count",
+                        lambda client, keys=keys, args=args: self._count(keys=keys, args=args, client=client),
+                    )
+                except RedisUnavailable:
+                    # Lost; the link logs once per episode and counts every failure.
+                    pass
+        finally:
+            self._in_flight = 0
 
     async def close(self) -> None:
-        """At shutdown: the counts still in flight finish (each is bounded by the link)."""
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+        """At shutdown: the flusher ends after writing what was counted (each call bounded by
+        the link), so nothing is left pending."""
+        self._closing.set()
+        self._wake.set()
+        if self._flusher is not None:
+            await self._flusher
+        if self._unflushed:
+            await self._flush()

@@ -184,12 +184,6 @@ class Metrics:
             ("operation", "kind"),
             registry=r,
         )
-        # Traffic contracts (fleet/traffic_contracts.py), only while they are enabled.
-        self.traffic_contract_counts_dropped = Counter(
-            "mlpa_traffic_contract_counts_dropped",
-            "Traffic-contract counts dropped because too many were already waiting for Redis",
-            registry=r,
-        )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )

@@ -195,6 +195,18 @@ async def test_a_client_leaving_a_stream_counts_the_request_without_tokens(
     assert await counters.window("tpm") == {}
 
 
+async def test_counts_left_at_shutdown_are_written_before_the_link_closes(
+    make_service: ServiceFactory, redis_settings: RedisSettings, counters: Counters
+) -> None:
+    service = await contracted(make_service, redis_settings)
+    contracts = service.app[keys.TRAFFIC_CONTRACTS]
+    assert (await service.chat()).status == 200
+    assert contracts.pending_counts == 1  # gathered, not yet written
+    await service.client.close()  # the app's shutdown and cleanup
+    assert contracts.pending_counts == 0
+    assert await counters.window("rpm") == {"smart-window": 1, "__basket__": 1}
+
+
 # ---- the decision (observational) --------------------------------------------------------------
 
 
