@@ -26,9 +26,10 @@ on unchecked (modes `N/A`), fail-closed answers 503. Nothing here knows aiohttp.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,17 +342,17 @@ class TrafficContracts:
         ttl = self.settings.counter_ttl_seconds
         try:
             for (rpm_key, tpm_key, feature), (requests, tokens) in batch.items():
-                keys, args = (rpm_key, tpm_key), (feature, requests, tokens, ttl)
+                args = (feature, requests, tokens, ttl)
                 try:
-                    await self._link.run(
-                        "traffic_contract_count",
-                        lambda client, keys=keys, args=args: self._count(keys=keys, args=args, client=client),
-                    )
+                    await self._link.run("traffic_contract_count", functools.partial(self._write, (rpm_key, tpm_key), args))
                 except RedisUnavailable:
                     # Lost; the link logs once per episode and counts every failure.
                     pass
         finally:
             self._in_flight = 0
+
+    def _write(self, keys: tuple[str, str], args: tuple[Any, ...], client: Any) -> Awaitable[Any]:
+        return self._count(keys=keys, args=args, client=client)
 
     async def close(self) -> None:
         """At shutdown: the flusher ends after writing what was counted (each call bounded by
