@@ -21,6 +21,7 @@ from ..errors import (
     CODE_BUDGET_EXCEEDED,
     CODE_INVALID_MODEL_NAME,
     CODE_INVALID_REQUEST,
+    CODE_OVER_TRAFFIC_CONTRACT,
     CODE_PAYLOAD_TOO_LARGE,
     CODE_RATE_LIMITED,
     CODE_SIGNUP_CAP,
@@ -54,7 +55,9 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_INVALID_MODEL_NAME}: invalid model name (400)
 * {CODE_INVALID_REQUEST}: invalid request body (400)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
-  (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)"""
+  (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)
+* {CODE_OVER_TRAFFIC_CONTRACT}: the fleet's traffic contract is over its limit for this window (429, `Retry-After`: the
+  seconds until the window ends; only with `TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT`; not a code of the reference)"""
 
 BODY_UNPARSEABLE_TEXT = (
     f"JSON values (nested deeper than {MAX_JSON_DEPTH}, not UTF-8, an oversized integer): "
@@ -106,7 +109,8 @@ _RETRY_AFTER = {
         "description": (
             f"Seconds to wait ({BUDGET_EXCEEDED.retry_after} for code {CODE_BUDGET_EXCEEDED}, "
             f"{RATE_LIMITED.retry_after} for {CODE_RATE_LIMITED}, {UPSTREAM_RATE_LIMITED.retry_after} for "
-            f"{CODE_UPSTREAM_RATE_LIMITED}, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS})"
+            f"{CODE_UPSTREAM_RATE_LIMITED}, {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS},"
+            f" until the traffic contract's window ends for {CODE_OVER_TRAFFIC_CONTRACT})"
         ),
         "schema": {"type": "integer"},
     }
@@ -184,8 +188,14 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
         "422": _json(_ref("HTTPValidationError"), "Invalid headers or body."),
         "429": _json(
             _ref("DetailErrorCode"),
-            "Budget or rate limit (codes 1, 2, 5), or too many open streams (code 10, streamed chat only).",
+            "Budget or rate limit (codes 1, 2, 5), or too many open streams (code 10, streamed chat only),"
+            " or over the traffic contract (code 12, enforced contracts only).",
             headers=_RETRY_AFTER,
+        ),
+        "503": _json(
+            _ref("DetailErrorMessage"),
+            "Traffic contracts fail closed and Redis failed the check: "
+            "`{\"detail\": {\"error\": \"Traffic contract enforcement unavailable.\"}}`.",
         ),
         "500": _json(_ref("DetailAny"), "User provisioning failed or an unexpected error."),
         "502": _json(_ref("DetailErrorMessage"), "LiteLLM could not be reached: `{\"detail\": {\"error\": \"Failed to proxy request\"}}`."),
@@ -305,7 +315,7 @@ def _components(catalog: Catalog) -> Schema:
         "schemas": {
             "ErrorCode": {
                 "type": "object",
-                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_TOO_MANY_STREAMS]}},
+                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_TOO_MANY_STREAMS, CODE_OVER_TRAFFIC_CONTRACT]}},
                 "required": ["error"],
             },
             "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},
