@@ -267,6 +267,25 @@ async def test_fail_open_goes_on_unchecked_with_one_warning_per_episode(
     assert modes_of(service)[("normal", "normal")] == 1
 
 
+async def test_a_restarted_redis_starts_the_windows_again_and_reloads_the_scripts(
+    make_service: ServiceFactory, redis_server: ThrowawayRedis, redis_settings: RedisSettings, counters: Counters
+) -> None:
+    service = await contracted(make_service, redis_settings, REDIS_RETRY_SECONDS="0")
+    assert (await service.chat()).status == 200
+    await counted(service)
+    assert await counters.window("rpm") == {"smart-window": 1, "__basket__": 1}
+    redis_server.restart()  # empty: no keys, no scripts cached
+    for _ in range(3):
+        assert (await service.chat()).status == 200
+        await counted(service)
+    # The first check after the restart may meet the closed connection (fail-open, N/A); the
+    # scripts are loaded again (EVALSHA, then SCRIPT LOAD on NOSCRIPT) and counting goes on.
+    modes = modes_of(service)
+    assert modes[("normal", "normal")] >= 3 and sum(modes.values()) == 4
+    rpm = await counters.window("rpm")
+    assert rpm["__basket__"] == rpm["smart-window"] >= 2
+
+
 async def test_fail_closed_answers_503(
     make_service: ServiceFactory, redis_server: ThrowawayRedis, redis_settings: RedisSettings
 ) -> None:
@@ -347,6 +366,31 @@ async def test_enforcing_admits_exactly_the_limit_of_concurrent_requests(
     # Reserved at admission, not counted again after upstream; the refused one not at all.
     assert await counters.window("rpm") == {"smart-window": limit, "__basket__": limit}
     assert modes_of(service) == {("normal", "normal"): limit, ("degraded", "normal"): 1}
+
+
+async def test_enforcing_refuses_when_the_token_basket_is_over(
+    make_service: ServiceFactory, redis_settings: RedisSettings, counters: Counters
+) -> None:
+    service = await contracted(
+        make_service,
+        redis_settings,
+        TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT="true",
+        TOTAL_TRAFFIC_CONTRACT_TPM_LIMIT="5",
+        TRAFFIC_CONTRACT_TPM_WINDOW_SECONDS="3600",
+    )
+    service.litellm.prompt_tokens = 3
+    service.litellm.chunks = 3
+    assert (await service.chat()).status == 200  # 0 tokens recorded before it
+    await counted(service)
+    before = time.time()
+    refused = await service.chat()
+    assert refused.status == 429
+    assert await refused.json() == {"detail": {"error": 12}}
+    # The TPM window (an hour) is the one over: its end, not the RPM window's.
+    assert abs(int(refused.headers["Retry-After"]) - math.ceil(3600 - before % 3600)) <= 1
+    assert modes_of(service) == {("normal", "normal"): 1, ("normal", "degraded"): 1}
+    await counted(service)
+    assert await counters.window("rpm") == {"smart-window": 1, "__basket__": 1}
 
 
 async def test_enforcing_counts_an_aborted_streams_estimate(
