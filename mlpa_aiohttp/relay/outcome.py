@@ -7,8 +7,9 @@ decided; every method is synchronous, so it is safe where a handler is being can
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import Classification
 from ..observability import log_context

@@ -38,7 +38,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from .instructions import BARE, Figures, Workload, counting_run, require_valgrind, traffic_contracts_environ
+from .instructions import (
+    BARE,
+    Figures,
+    Workload,
+    counting_run,
+    require_valgrind,
+    traffic_contracts_environ,
+)
 from .open_streams import say, table
 from .procs import terminate_on_sigterm
 from .targets import REPO_ROOT
