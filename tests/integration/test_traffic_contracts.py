@@ -305,10 +305,14 @@ async def test_fail_closed_answers_503(
 
 
 async def test_a_paused_redis_costs_a_request_at_most_the_timeout(
-    make_service: ServiceFactory, redis_server: ThrowawayRedis, redis_settings: RedisSettings
+    make_service: ServiceFactory, redis_server: ThrowawayRedis, redis_settings: RedisSettings, counters: Counters
 ) -> None:
     service = await contracted(
-        make_service, redis_settings, REDIS_TIMEOUT_MS="100", TRAFFIC_CONTRACT_FAIL_OPEN_ON_REDIS_ERROR="false"
+        make_service,
+        redis_settings,
+        REDIS_TIMEOUT_MS="100",
+        REDIS_RETRY_SECONDS="0",
+        TRAFFIC_CONTRACT_FAIL_OPEN_ON_REDIS_ERROR="false",
     )
     assert (await service.chat()).status == 200  # connected before the pause
     await counted(service)
@@ -320,6 +324,13 @@ async def test_a_paused_redis_costs_a_request_at_most_the_timeout(
         # The bound is 100 ms; a hung Redis would hold the request forever.
         assert waited < 2.0
         await counted(service)
+    # Resumed: the late replies of the timed-out calls are never taken for a later call's.
+    for _ in range(3):
+        assert (await service.chat()).status == 200
+        await counted(service)
+    assert await counters.window("rpm") == {"smart-window": 4, "__basket__": 4}
+    # The 503 reached no decision: N/A.
+    assert modes_of(service) == {("normal", "normal"): 4, ("N/A", "N/A"): 1}
 
 
 async def test_start_refused_when_redis_is_unreachable(fake_litellm_server, fake_fxa_server, aiohttp_client) -> None:
