@@ -334,7 +334,11 @@ class TrafficContracts:
             except TimeoutError:
                 pass
             self._wake.clear()
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception:  # a bug, not Redis (the link turns Redis's failures into RedisUnavailable)
+                # The flusher must outlive it: counts would otherwise pile up unwritten.
+                log.exception("traffic_contract_flush_failed")
 
     async def _flush(self) -> None:
         batch, self._unflushed = self._unflushed, {}
