@@ -63,7 +63,7 @@ def default_budget_id(service_type: str) -> str:
 
 DEFAULT_BUDGET_DURATION = "1d"
 
-# The reference's traffic-contract features (compatibility.md §A.8): which shared counter a
+# The reference's traffic-contract features (docs/traffic-contracts.md): which shared counter a
 # service type's requests count against. The names here are the defaults of FEATURE_SMART_WINDOW,
 # FEATURE_S2S and FEATURE_S2S_ANDROID, which rename the counters (fleet/traffic_contracts.py).
 TRAFFIC_FEATURE_SMART_WINDOW = "smart-window"

@@ -26,7 +26,7 @@ class Usage:
     completion_tokens: int
     # Function names of the completion's tool calls, by call index ("" when unnamed).
     tool_names: tuple[str, ...] = ()
-    # LiteLLM's `total_tokens`, 0 when absent: what traffic contracts count (§A.8).
+    # LiteLLM's `total_tokens`, 0 when absent: what traffic contracts count (docs/traffic-contracts.md).
     total_tokens: int = 0
 
     @property

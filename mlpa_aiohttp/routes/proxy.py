@@ -236,7 +236,7 @@ async def search(request: web.Request) -> web.Response:
 
 
 async def admit_by_traffic_contract(request: web.Request, service_type: str) -> Admission | None:
-    """The traffic-contract check before upstream (compatibility.md §A.8, §A.13), when enabled:
+    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), when enabled:
     the request's modes for its metric sample; raises the 503 (fail-closed) or, enforcing,
     the 429 (error 12)."""
     contracts = request.app.get(keys.TRAFFIC_CONTRACTS)

@@ -1,4 +1,4 @@
-"""Traffic contracts' pure rules (compatibility.md §A.8): the decision per dimension, the windows,
+"""Traffic contracts' pure rules (docs/traffic-contracts.md): the decision per dimension, the windows,
 and the service type -> feature mapping the catalogue holds."""
 
 from __future__ import annotations
