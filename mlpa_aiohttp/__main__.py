@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from . import __version__
+from .fleet.traffic_contracts import ContractsRedisUnreachable
 from .observability.logging import configure_logging
 from .process import client_sockets
 from .process.startup import (
@@ -27,6 +28,7 @@ from .process.startup import (
     EXIT_CANNOT_LISTEN,
     EXIT_CONFIG,
     EXIT_UNAVAILABLE,
+    REDIS_HINT,
     listen_problem,
     report_config_error,
     report_unavailable,
@@ -199,6 +201,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
     except StoreUnavailable as error:
         return report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=EXIT_UNAVAILABLE)
+    except ContractsRedisUnreachable as error:
+        return report_unavailable("redis", error, os.environ, hint=REDIS_HINT, exit_code=EXIT_UNAVAILABLE)
     except OSError as error:
         for listener in listeners:
             listener.close()

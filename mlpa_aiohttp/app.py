@@ -22,7 +22,9 @@ GUNICORN_WORKERS, WEB_CONCURRENCY and GUNICORN_WORKER_CLASS) and test tools. Bes
 Startup order (cleanup contexts run in this order, and unwind in reverse):
 1. the shared upstream ClientSession and the LiteLLM client;
 2. the stores (memory, or the two Postgres pools): budgets upserted, capacity seeded;
-3. authentication: FxA, App Attest, Play Integrity (Google credentials are loaded lazily).
+3. authentication: FxA, App Attest, Play Integrity (Google credentials are loaded lazily);
+4. Redis, only when a feature uses it (`fleet.uses_redis`), and the traffic contracts on it
+   (when enabled: Redis must answer PING, or the service does not start).
 Shutdown: `on_shutdown` drains open streams (compatibility.md D6) before the contexts unwind.
 """
 
@@ -42,6 +44,9 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
+from .fleet import uses_redis
+from .fleet.redis_link import RedisLink
+from .fleet.traffic_contracts import TrafficContracts
 from .middlewares import add_security_headers, error_mapping, request_context, request_timings
 from .models import RequestRules
 from .observability.logging import configure_logging
@@ -131,6 +136,8 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_upstream_context)
     app.cleanup_ctx.append(_store_context)
     app.cleanup_ctx.append(_auth_context)
+    app.cleanup_ctx.append(_redis_context)
+    app.cleanup_ctx.append(_traffic_contracts_context)
     app.on_shutdown.append(_drain_streams)
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
@@ -246,6 +253,37 @@ async def _auth_context(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         google_tokens.close()
+
+
+async def _redis_context(app: web.Application) -> AsyncIterator[None]:
+    """The worker's one Redis link, only when a feature uses Redis; closed at shutdown."""
+    settings = app[keys.SETTINGS]
+    if not uses_redis(settings):
+        yield
+        return
+    link = RedisLink(settings.redis, app[keys.METRICS])
+    app[keys.REDIS] = link
+    try:
+        yield
+    finally:
+        await link.close()
+
+
+async def _traffic_contracts_context(app: web.Application) -> AsyncIterator[None]:
+    """Traffic contracts when enabled: Redis must answer at start; their one flusher task
+    writes the counts, and at shutdown what is left before the link closes."""
+    settings = app[keys.SETTINGS]
+    if not settings.traffic_contracts.enabled:
+        yield
+        return
+    contracts = TrafficContracts(settings.traffic_contracts, app[keys.REDIS], settings.catalog.traffic_features)
+    await contracts.ping()
+    contracts.start()
+    app[keys.TRAFFIC_CONTRACTS] = contracts
+    try:
+        yield
+    finally:
+        await contracts.close()
 
 
 async def _litellm_reachability_context(app: web.Application) -> AsyncIterator[None]:

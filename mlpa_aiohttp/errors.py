@@ -20,6 +20,8 @@ error by its `Classification` (whose reasons `UpstreamRejected` carries as well)
     │   └── UserBlocked           403 {"detail": {"error": "User is blocked."}}
     ├── NotFound                  404 {"detail": <text>}
     ├── TooManyStreams            429 {"detail": {"error": 11}} + Retry-After (ours, off by default)
+    ├── OverTrafficContract       429 {"detail": {"error": 12}} + Retry-After (ours, enforced contracts only)
+    ├── TrafficContractUnavailable  503 {"detail": {"error": "Traffic contract enforcement unavailable."}}
     ├── UpstreamRejected          classified LiteLLM error: {"detail": {"error": N}} + Retry-After (4xx;
     │                             500 for 10, the global budget)
     ├── UpstreamError             unclassified / transport: {"detail": {"error": <text>}}
@@ -51,6 +53,8 @@ GLOBAL_BUDGET_RETRY_AFTER_SECONDS = 300
 # reference took 10 (compatibility.md D42).
 CODE_TOO_MANY_STREAMS = 11
 TOO_MANY_STREAMS_RETRY_AFTER_SECONDS = 5
+# Ours: enforced traffic contracts (TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT) refused the request.
+CODE_OVER_TRAFFIC_CONTRACT = 12
 
 GENERIC_UPSTREAM_MESSAGE = "Upstream service returned an error"
 
@@ -169,6 +173,28 @@ class TooManyStreams(ApiError):
             {"error": CODE_TOO_MANY_STREAMS},
             headers={hdrs.RETRY_AFTER: str(TOO_MANY_STREAMS_RETRY_AFTER_SECONDS)},
         )
+
+
+class OverTrafficContract(ApiError):
+    """Enforced traffic contracts: the fleet's basket is over its limit for this window."""
+
+    status = 429
+    availability_reason = rejection_reason = "traffic_contract_exceeded"
+
+    def __init__(self, retry_after_seconds: int, modes: tuple[str, str]) -> None:
+        super().__init__({"error": CODE_OVER_TRAFFIC_CONTRACT}, headers={hdrs.RETRY_AFTER: str(retry_after_seconds)})
+        # The request's (RPM, TPM) modes, for its mlpa_requests_total sample.
+        self.modes = modes
+
+
+class TrafficContractUnavailable(ApiError):
+    """Redis failed the traffic-contract check and the contracts fail closed (the reference's
+    503; like its newest revision, no availability sample)."""
+
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__({"error": "Traffic contract enforcement unavailable."})
 
 
 class UpstreamRejected(ApiError):

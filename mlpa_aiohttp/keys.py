@@ -14,6 +14,8 @@ from aiohttp import web
 from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
+from .fleet.redis_link import RedisLink
+from .fleet.traffic_contracts import TrafficContracts
 from .models import RequestRules
 from .observability.metrics import Metrics
 from .observability.timing import RequestTimings
@@ -63,3 +65,9 @@ PRIVACY_FILTER = web.AppKey("privacy_filter", PrivacyFilterClient)
 # Per request (middlewares.request_timings): its spans when it sent `debug-timing: true`, else
 # None. Always set, so reading it is a plain lookup (a missing key would raise and catch).
 REQUEST_TIMINGS: web.RequestKey[RequestTimings | None] = web.RequestKey("request_timings")
+# Only present when a feature uses Redis (app.uses_redis): the worker's one link.
+REDIS = web.AppKey("redis", RedisLink)
+# Only present when ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT is on.
+TRAFFIC_CONTRACTS = web.AppKey("traffic_contracts", TrafficContracts)
+# A request's (RPM, TPM) traffic-contract modes, set by the check; absent: ("N/A", "N/A").
+TRAFFIC_CONTRACT_MODES: web.RequestKey[tuple[str, str]] = web.RequestKey("traffic_contract_modes")

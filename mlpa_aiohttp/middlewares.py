@@ -39,6 +39,7 @@ from aiohttp import hdrs, web
 from . import headers as header_names
 from . import keys
 from .errors import ApiError, PayloadTooLarge
+from .fleet.traffic_contracts import UNCHECKED
 from .observability import log_context
 from .observability.labels import clamp_method, major_firefox_version
 from .observability.timing import HEADER as TIMING_HEADER
@@ -105,6 +106,7 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
                 metrics.labels.service_type(headers.get(header_names.SERVICE_TYPE)),
                 metrics.labels.purpose(headers.get(header_names.PURPOSE, "").strip()),
                 major_firefox_version(headers.get(hdrs.USER_AGENT)),
+                *request.get(keys.TRAFFIC_CONTRACT_MODES, UNCHECKED),
             ).inc()
             metrics.status_codes.labels(str(status)).inc()
             metrics.request_latency.labels(method, route).observe(elapsed)

@@ -71,6 +71,14 @@ def default_budget_id(service_type: str) -> str:
 
 DEFAULT_BUDGET_DURATION = "1d"
 
+# The reference's traffic-contract features (docs/traffic-contracts.md): which shared counter a
+# service type's requests count against. The names here are the defaults of FEATURE_SMART_WINDOW,
+# FEATURE_S2S and FEATURE_S2S_ANDROID, which rename the counters (fleet/traffic_contracts.py).
+TRAFFIC_FEATURE_SMART_WINDOW = "smart-window"
+TRAFFIC_FEATURE_S2S = "s2s"
+TRAFFIC_FEATURE_S2S_ANDROID = "s2s-android"
+TRAFFIC_FEATURES = (TRAFFIC_FEATURE_SMART_WINDOW, TRAFFIC_FEATURE_S2S, TRAFFIC_FEATURE_S2S_ANDROID)
+
 
 @dataclass(frozen=True, slots=True)
 class BudgetTier:
@@ -92,6 +100,9 @@ class ServiceTypeEntry:
     dev: bool = False
     # Counts against the signup cap (MLPA_CAPPED_SERVICE_TYPES replaces the set).
     capped: bool = False
+    # Its traffic-contract feature, one of TRAFFIC_FEATURES (the reference: every type but
+    # s2s and s2s-android is smart-window).
+    traffic_feature: str = TRAFFIC_FEATURE_SMART_WINDOW
     # The stem of its budget variables (`<stem>_MAX_BUDGET`, ...) when it is not
     # `USER_FEATURE_BUDGET_<T>`: the reference names liner-answer's `..._LINER_ANSWERS_*`.
     budget_variables: str | None = None
@@ -167,6 +178,11 @@ class Catalog:
         """Each type's `<T>` of `USER_FEATURE_BUDGET_<T>_*`."""
         return MappingProxyType({st.name: st.budget_infix for st in self.service_types})
 
+    @property
+    def traffic_features(self) -> Mapping[str, str]:
+        """Each service type's traffic-contract feature (one of TRAFFIC_FEATURES)."""
+        return MappingProxyType({st.name: st.traffic_feature for st in self.service_types})
+
     def service_type_list_text(self) -> str:
         return ", ".join(self.names)
 
@@ -204,10 +220,17 @@ def _type(
     *,
     capped: bool = False,
     budget_variables: str | None = None,
+    traffic_feature: str = TRAFFIC_FEATURE_SMART_WINDOW,
 ) -> ServiceTypeEntry:
     budget = BudgetTier(default_budget_id(name), max_budget, rpm, tpm, duration)
     return ServiceTypeEntry(
-        name, purposes, budget, dev=name.endswith("-dev"), capped=capped, budget_variables=budget_variables
+        name,
+        purposes,
+        budget,
+        dev=name.endswith("-dev"),
+        capped=capped,
+        budget_variables=budget_variables,
+        traffic_feature=traffic_feature,
     )
 
 
@@ -225,8 +248,8 @@ _SEARCH_TYPES = (ServiceType.SEARCH.value, ServiceType.SEARCH_DEV.value, Service
 BUILTIN_CATALOG = Catalog(
     service_types=(
         _type("ai", _AI_PURPOSES, 0.1, 40, 2000, capped=True),
-        _type("s2s", (), 0.1, 40, 2000),
-        _type("s2s-android", (), 0.1, 40, 2000),
+        _type("s2s", (), 0.1, 40, 2000, traffic_feature=TRAFFIC_FEATURE_S2S),
+        _type("s2s-android", (), 0.1, 40, 2000, traffic_feature=TRAFFIC_FEATURE_S2S_ANDROID),
         _type("memories", ("memory-generation",), 0.1, 10, 2000, capped=True),
         _type("search", (), 0.01, 10, 2000),
         _type("answer", (), 0.1, 10, 2000),

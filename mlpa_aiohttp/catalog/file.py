@@ -23,6 +23,8 @@ from . import (
     DEFAULT_CHAT_SERVICE_TYPE,
     DEFAULT_SEARCH_SERVICE_TYPE,
     MODEL_NAME,
+    TRAFFIC_FEATURE_SMART_WINDOW,
+    TRAFFIC_FEATURES,
     BudgetTier,
     Catalog,
     ModelEntry,
@@ -36,7 +38,7 @@ T = TypeVar("T")
 BUDGET_DURATION = re.compile(r"^[1-9][0-9]*(?:s|m|h|d|mo)$")
 
 _TOP_KEYS = ("search_service_types", "service_type", "model")
-_SERVICE_TYPE_KEYS = ("name", "purposes", "dev", "capped", "budget", "budget_variables")
+_SERVICE_TYPE_KEYS = ("name", "purposes", "dev", "capped", "budget", "budget_variables", "traffic_feature")
 _BUDGET_KEYS = ("budget_id", "max_budget", "rpm_limit", "tpm_limit", "budget_duration")
 _MODEL_KEYS = ("name", "pinned_to", "metric_label")
 
@@ -203,6 +205,10 @@ class _Reader:
             table, "budget_variables", where, _budget_variables,
             "USER_FEATURE_BUDGET_ then upper-case words joined by single underscores", None,
         )
+        traffic_feature = self.value(
+            table, "traffic_feature", where, _traffic_feature, "one of " + ", ".join(map(repr, TRAFFIC_FEATURES)),
+            TRAFFIC_FEATURE_SMART_WINDOW,
+        )
         if name is not None and name.endswith("-dev") and not dev:
             self.problem(
                 where,
@@ -219,7 +225,15 @@ class _Reader:
             budget = self.budget(budget_table, f"{where}.budget", name)
         if name is None or budget is None or len(self.problems) > before:
             return None
-        return ServiceTypeEntry(name, purposes, budget, dev=dev, capped=capped, budget_variables=budget_variables)
+        return ServiceTypeEntry(
+            name,
+            purposes,
+            budget,
+            dev=dev,
+            capped=capped,
+            budget_variables=budget_variables,
+            traffic_feature=traffic_feature,
+        )
 
     def budget(self, table: dict[str, Any], where: str, service_type: str) -> BudgetTier | None:
         self.known_keys(table, _BUDGET_KEYS, where)
@@ -294,6 +308,10 @@ def _boolean(value: Any) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
+def _traffic_feature(value: Any) -> str | None:
+    return value if value in TRAFFIC_FEATURES else None
+
+
 def _amount(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -353,6 +371,7 @@ def render_catalog(catalog: Catalog) -> str:
             f"purposes = {_toml(entry.purposes)}",
             f"dev = {_toml(entry.dev)}",
             f"capped = {_toml(entry.capped)}",
+            f"traffic_feature = {_toml(entry.traffic_feature)}",
             f"budget = {{ budget_id = {_toml(tier.budget_id)}, max_budget = {_toml(tier.max_budget)}, "
             f"rpm_limit = {_toml(tier.rpm_limit)}, tpm_limit = {_toml(tier.tpm_limit)}, "
             f"budget_duration = {_toml(tier.budget_duration)} }}",

@@ -62,6 +62,8 @@ AVAILABILITY_OUTCOME: Mapping[str, str] = {
     "concurrent_stream_limit": "excluded",
     # The reference's code 10 (1.0.39): the service's own budget is spent, users are failed.
     "global_budget_exceeded": "failure",
+    # Ours: enforced traffic contracts (TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT) refused it, a policy too.
+    "traffic_contract_exceeded": "excluded",
 }
 
 
@@ -220,9 +222,12 @@ class Metrics:
         self.requests = Counter(
             "mlpa_requests",
             "Requests",
-            ("method", "endpoint", "service_type", "purpose", "major_fx_version"),
+            (
+                "method", "endpoint", "service_type", "purpose", "major_fx_version",
+                "traffic_contract_rpm_mode", "traffic_contract_tpm_mode",
+            ),
             registry=r,
-        )
+        )  # fmt: skip
         self.requests_by_country = Counter(
             "mlpa_requests_by_country", "Requests by country", ("service_type", "model", "client_country"), registry=r
         )

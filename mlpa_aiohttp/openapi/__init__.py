@@ -22,6 +22,7 @@ from ..errors import (
     CODE_GLOBAL_BUDGET_EXCEEDED,
     CODE_INVALID_MODEL_NAME,
     CODE_INVALID_REQUEST,
+    CODE_OVER_TRAFFIC_CONTRACT,
     CODE_PAYLOAD_TOO_LARGE,
     CODE_RATE_LIMITED,
     CODE_SIGNUP_CAP,
@@ -57,7 +58,9 @@ ERROR_CODES_TEXT = f"""Error codes (`error`):
 * {CODE_INVALID_REQUEST}: invalid request body (400)
 * {CODE_GLOBAL_BUDGET_EXCEEDED}: the service's own (global) LiteLLM budget is spent (500, `Retry-After: {GLOBAL_BUDGET_RETRY_AFTER_SECONDS}`)
 * {CODE_TOO_MANY_STREAMS}: the caller already holds `MAX_CONCURRENT_STREAMS_PER_USER` open streams
-  (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)"""
+  (429, `Retry-After: {TOO_MANY_STREAMS_RETRY_AFTER_SECONDS}`; only when that cap is set; not a code of the reference)
+* {CODE_OVER_TRAFFIC_CONTRACT}: the fleet's traffic contract is over its limit for this window (429, `Retry-After`: the
+  seconds until the window ends; only with `TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT`; not a code of the reference)"""
 
 BODY_UNPARSEABLE_TEXT = (
     f"JSON values (nested deeper than {MAX_JSON_DEPTH}, not UTF-8, an oversized integer): "
@@ -110,7 +113,8 @@ _RETRY_AFTER = {
             f"Seconds to wait ({BUDGET_EXCEEDED.retry_after} for code {CODE_BUDGET_EXCEEDED}, "
             f"{RATE_LIMITED.retry_after} for {CODE_RATE_LIMITED}, {UPSTREAM_RATE_LIMITED.retry_after} for "
             f"{CODE_UPSTREAM_RATE_LIMITED}, {GLOBAL_BUDGET_RETRY_AFTER_SECONDS} for {CODE_GLOBAL_BUDGET_EXCEEDED}, "
-            f"{TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS})"
+            f"{TOO_MANY_STREAMS_RETRY_AFTER_SECONDS} for {CODE_TOO_MANY_STREAMS},"
+            f" until the traffic contract's window ends for {CODE_OVER_TRAFFIC_CONTRACT})"
         ),
         "schema": {"type": "integer"},
     }
@@ -195,8 +199,14 @@ def _proxy_error_responses(*, bare_413: bool) -> dict[str, Schema]:
         "422": _json(_ref("HTTPValidationError"), "Invalid headers or body."),
         "429": _json(
             _ref("DetailErrorCode"),
-            f"Budget or rate limit (codes 1, 2, 5), or too many open streams (code {CODE_TOO_MANY_STREAMS}, streamed chat only).",
+            f"Budget or rate limit (codes 1, 2, 5), or too many open streams (code {CODE_TOO_MANY_STREAMS}, streamed chat"
+            f" only), or over the traffic contract (code {CODE_OVER_TRAFFIC_CONTRACT}, enforced contracts only).",
             headers=_RETRY_AFTER,
+        ),
+        "503": _json(
+            _ref("DetailErrorMessage"),
+            "Traffic contracts fail closed and Redis failed the check: "
+            "`{\"detail\": {\"error\": \"Traffic contract enforcement unavailable.\"}}`.",
         ),
         "500": _json(
             _ref("DetailAny"),
@@ -365,7 +375,15 @@ def _components(catalog: Catalog) -> Schema:
         "schemas": {
             "ErrorCode": {
                 "type": "object",
-                "properties": {"error": {"type": "integer", "enum": [1, 2, 3, 4, 5, 8, 9, CODE_GLOBAL_BUDGET_EXCEEDED, CODE_TOO_MANY_STREAMS]}},
+                "properties": {
+                    "error": {
+                        "type": "integer",
+                        "enum": [
+                            1, 2, 3, 4, 5, 8, 9, CODE_GLOBAL_BUDGET_EXCEEDED, CODE_TOO_MANY_STREAMS,
+                            CODE_OVER_TRAFFIC_CONTRACT,
+                        ],
+                    }
+                },
                 "required": ["error"],
             },
             "DetailErrorCode": {"type": "object", "properties": {"detail": _ref("ErrorCode")}, "required": ["detail"]},

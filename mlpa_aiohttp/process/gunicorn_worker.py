@@ -18,9 +18,10 @@ from typing import Any
 
 from aiohttp.worker import GunicornUVLoopWebWorker, GunicornWebWorker
 
+from ..fleet.traffic_contracts import ContractsRedisUnreachable
 from ..settings import SettingsError
 from ..store.base import StoreUnavailable
-from .startup import DATABASE_HINT, GUNICORN_WORKER_BOOT_ERROR, report_config_error, report_unavailable
+from .startup import DATABASE_HINT, GUNICORN_WORKER_BOOT_ERROR, REDIS_HINT, report_config_error, report_unavailable
 
 
 class _ServiceWorker:
@@ -35,6 +36,9 @@ class _ServiceWorker:
             sys.exit(GUNICORN_WORKER_BOOT_ERROR)
         except StoreUnavailable as error:
             report_unavailable("database", error, os.environ, hint=DATABASE_HINT, exit_code=GUNICORN_WORKER_BOOT_ERROR)
+            sys.exit(GUNICORN_WORKER_BOOT_ERROR)
+        except ContractsRedisUnreachable as error:
+            report_unavailable("redis", error, os.environ, hint=REDIS_HINT, exit_code=GUNICORN_WORKER_BOOT_ERROR)
             sys.exit(GUNICORN_WORKER_BOOT_ERROR)
 
 

@@ -27,6 +27,11 @@ DATABASE_HINT = (
     " (and DB_SSL_MODE, DB_SSL_ROOT_CERT for TLS); "
     "`python -m mlpa_aiohttp migrate` creates the app database and its tables"
 )
+# Redis out of reach at start while traffic contracts are enabled (the reference's rule).
+REDIS_HINT = (
+    "start Redis or correct REDIS_HOST, REDIS_PORT, REDIS_PASSWORD; traffic contracts need it at start"
+    " (ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT=false turns them off)"
+)
 CATALOG_FILE_HINT = "; docs/catalog.md describes the catalogue file (`python -m mlpa_aiohttp catalog check FILE`)"
 
 

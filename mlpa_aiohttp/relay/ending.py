@@ -80,9 +80,14 @@ Ending = Completed | Rejected | UpstreamFailed | Silenced | ShutDown | ClientLef
 ENDING: web.RequestKey[Ending] = web.RequestKey("relay_ending")
 
 
-def record(request: web.BaseRequest, outcome: CompletionOutcome, ending: Ending) -> None:
-    """The ending's metrics and the outcome's log fields, once per request."""
+def record(
+    request: web.BaseRequest, outcome: CompletionOutcome, ending: Ending, relayed: sse.StreamAccountant | None = None
+) -> None:
+    """The ending's metrics and the outcome's log fields, once per request; with traffic
+    contracts, the request's count (`relayed`: what a stream relayed, however it ended)."""
     request[ENDING] = ending
+    if outcome.count_after_upstream is not None:
+        outcome.count_after_upstream(*_contract_tokens(ending, relayed))
     if isinstance(ending, Completed):
         outcome.succeeded(ending.usage, ending.routing)
     elif isinstance(ending, Rejected):
@@ -95,6 +100,17 @@ def record(request: web.BaseRequest, outcome: CompletionOutcome, ending: Ending)
         outcome.failed("server_shutdown")
     else:
         outcome.aborted(ending.relayed)
+
+
+def _contract_tokens(ending: Ending, relayed: sse.StreamAccountant | None) -> tuple[int, int | None]:
+    """(LiteLLM's total_tokens, or 0 without a usage object; a stream's content deltas)."""
+    if isinstance(ending, Completed) and ending.usage.total_tokens:
+        total = ending.usage.total_tokens
+    elif relayed is not None and relayed.usage_seen:
+        total = relayed.total_tokens
+    else:
+        total = 0
+    return total, relayed.content_deltas if relayed is not None else None
 
 
 def refused(verdict: Classification | Unclassified, *, in_band: bool = False) -> Ending:

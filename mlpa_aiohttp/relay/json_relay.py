@@ -18,7 +18,7 @@ from ..upstream.litellm import LiteLLMClient
 from ..upstream.routing import RoutingInfo
 from . import ending as endings
 from .judgment import Unclassified, judge_failure, judge_response
-from .outcome import CompletionOutcome, Usage
+from .outcome import CompletionOutcome, CountAfterUpstream, Usage
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +91,14 @@ def _usage_of(payload: Any) -> Usage:
     prompt, completion = (count if isinstance(count, int) else 0 for count in counts)
     choices = payload.get("choices")
     message = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    return Usage(prompt, completion, _tool_names(message))
+    return Usage(prompt, completion, _tool_names(message), _total_tokens(payload))
+
+
+def _total_tokens(payload: Any) -> int:
+    """The response's `usage.total_tokens`, 0 when absent (what traffic contracts count)."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return total if isinstance(total, int) and total > 0 else 0
 
 
 def _tool_names(message: Any) -> tuple[str, ...]:
@@ -120,14 +127,17 @@ async def relay_search(
     purpose: str,
     debug: bool,
     virtual_key: str | None = None,
+    count_after_upstream: CountAfterUpstream | None = None,
 ) -> web.Response:
     started = time.monotonic()
     result = "error"
+    total_tokens = 0
     try:
         try:
             reply = await client.search(body, virtual_key=virtual_key)
             if 200 <= reply.status < 300:
                 payload = json.loads(reply.text)
+                total_tokens = _total_tokens(payload)
         except _TRANSPORT_ERRORS as exc:
             raise _error(judge_failure(exc, relay="search"), debug=debug) from None
         if not 200 <= reply.status < 300:
@@ -147,3 +157,5 @@ async def relay_search(
         raise
     finally:
         metrics.search_latency.labels(result).observe(time.monotonic() - started)
+        if count_after_upstream is not None:
+            count_after_upstream(total_tokens, None)

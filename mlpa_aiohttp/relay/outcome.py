@@ -7,6 +7,7 @@ decided; every method is synchronous, so it is safe where a handler is being can
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,17 +27,32 @@ class Usage:
     completion_tokens: int
     # Function names of the completion's tool calls, by call index ("" when unnamed).
     tool_names: tuple[str, ...] = ()
+    # LiteLLM's `total_tokens`, 0 when absent: what traffic contracts count (docs/traffic-contracts.md).
+    total_tokens: int = 0
 
     @property
     def tool_calls(self) -> int:
         return len(self.tool_names)
 
 
+# Traffic contracts' count of a request that reached upstream: (LiteLLM's total_tokens or 0,
+# the content deltas a stream relayed or None); fleet/traffic_contracts.count_after.
+CountAfterUpstream = Callable[[int, "int | None"], None]
+
+
 class CompletionOutcome:
-    __slots__ = ("_metrics", "model", "service_type", "purpose", "country", "_started")
+    __slots__ = ("_metrics", "model", "service_type", "purpose", "country", "_started", "count_after_upstream")
 
     def __init__(
-        self, metrics: Metrics, *, model: str, service_type: str, purpose: str, country: str | None, started: float
+        self,
+        metrics: Metrics,
+        *,
+        model: str,
+        service_type: str,
+        purpose: str,
+        country: str | None,
+        started: float,
+        count_after_upstream: CountAfterUpstream | None = None,
     ) -> None:
         self._metrics = metrics
         self.model = model
@@ -45,6 +61,8 @@ class CompletionOutcome:
         # The raw `X-Geo-Country` value, for the by-country twins (MLPA 1.0.39).
         self.country = country
         self._started = started
+        # None unless traffic contracts are enabled.
+        self.count_after_upstream = count_after_upstream
 
     def _finish(self, result: str, model_label: str, availability_reason: str) -> None:
         elapsed = time.monotonic() - self._started

@@ -72,11 +72,14 @@ class StreamAccountant:
 
     __slots__ = (
         "prompt_tokens", "completion_tokens", "tool_names", "_pending", "usage_seen", "content_deltas", "error_payload",
+        "total_tokens",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        # LiteLLM's `total_tokens` when its usage chunk had one (traffic contracts count it).
+        self.total_tokens = 0
         self.usage_seen = False
         self.content_deltas = 0
         # The first in-band error event's JSON text (LiteLLM's failure after the first byte).
@@ -133,6 +136,8 @@ class StreamAccountant:
             self.usage_seen = True
             self.prompt_tokens = _token_count(usage, "prompt_tokens")
             self.completion_tokens = _token_count(usage, "completion_tokens")
+            total = usage.get("total_tokens")
+            self.total_tokens = total if isinstance(total, int) and total > 0 else 0
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return

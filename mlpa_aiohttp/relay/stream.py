@@ -124,13 +124,13 @@ class StreamRelay:
                     ending = endings.ShutDown()
                 else:
                     ending = endings.of_cancellation(self._request, self._accountant)
-                endings.record(self._request, self._outcome, ending)
+                endings.record(self._request, self._outcome, ending, self._accountant)
                 if isinstance(ending, endings.ShutDown) and not self._handle.upstream_open and self._response.prepared:
                     # `_end` cancelled the wait for LiteLLM's headers: the client, still
                     # connected, gets the same final frame as a stream past its headers.
                     await self._write_final(ending)
                 raise
-            endings.record(self._request, self._outcome, ending)
+            endings.record(self._request, self._outcome, ending, self._accountant)
             await self._write_final(ending)
         finally:
             if self._keepalive is not None:
@@ -193,7 +193,9 @@ class StreamRelay:
             # response body; the client got the event as sent, the relay adds no frame.
             payload = accountant.error_payload
             return endings.refused(judge_response(in_band_status(payload), payload, relay="stream", in_band=True), in_band=True)
-        usage = Usage(accountant.prompt_tokens, accountant.completion_tokens, accountant.tool_names_in_order())
+        usage = Usage(
+            accountant.prompt_tokens, accountant.completion_tokens, accountant.tool_names_in_order(), accountant.total_tokens
+        )
         return endings.Completed(usage, routing)
 
     async def _pump(self, upstream: aiohttp.ClientResponse) -> None:

@@ -5,6 +5,7 @@ request means to the metrics is the error's own (`errors.ApiError`), recorded by
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,7 +15,8 @@ import structlog
 from aiohttp import web
 
 from .. import keys
-from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
+from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, OverTrafficContract, TooManyStreams
+from ..fleet.traffic_contracts import Admission
 from ..headers import GEO_COUNTRY, LITELLM_VIRTUAL_KEY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
@@ -24,7 +26,7 @@ from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, Request
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.keepalive import FirstByteKeepAlive
-from ..relay.outcome import CompletionOutcome
+from ..relay.outcome import CompletionOutcome, CountAfterUpstream
 from ..relay.stream import StreamRelay
 from ..settings import TRUTHY
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
@@ -121,16 +123,6 @@ async def authorize_chat(request: web.Request, timings: RequestTimings | None) -
     return chat, principal
 
 
-def traffic_contract_check(request: web.Request, principal: Principal, timings: RequestTimings | None) -> None:
-    """Where the traffic-contract check (the 1.0.39 reference's traffic contracts in Redis, its
-    addendum's A.8) runs: after authentication and the country metric, before the user's
-    get-or-create (for search, after its service-type 400 as well). Its `traffic_contract` span
-    is recorded whether or not contracts are on, as the reference's is. This service has no
-    contracts yet: the check joins here, inside the span."""
-    with span(timings, TRAFFIC_CONTRACT):
-        pass
-
-
 @dataclass(frozen=True, slots=True)
 class PreparedCompletion:
     """What the relay needs of an authorised request; the parsed request is not in it."""
@@ -222,11 +214,12 @@ async def _prepare_completion(
     that only until it is sent."""
     settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
     chat, principal = await authorize_chat(request, timings)
-    traffic_contract_check(request, principal, timings)
     country = request.headers.get(GEO_COUNTRY)
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
-    with span(timings, DB), refusals_recorded(metrics, labels):
-        await request.app[keys.PROVISIONER].provision(principal.user_id)
+    with refusals_recorded(metrics, labels):
+        admission = await admit_by_traffic_contract(request, principal.service_type, timings)
+        with span(timings, DB):
+            await request.app[keys.PROVISIONER].provision(principal.user_id)
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
@@ -246,6 +239,7 @@ async def _prepare_completion(
             purpose=labels.purpose,
             country=country,
             started=started,
+            count_after_upstream=_traffic_contract_count(request, labels.service_type, admission),
         ),
         user_id=principal.user_id,
         virtual_key=custom_virtual_key(request),
@@ -266,7 +260,7 @@ async def search(request: web.Request) -> web.Response:
     service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
-    traffic_contract_check(request, principal, timings)
+    admission = await admit_by_traffic_contract(request, service_type, timings)
     with span(timings, DB):
         await app[keys.PROVISIONER].provision(principal.user_id)
     with span(timings, UPSTREAM):
@@ -278,4 +272,37 @@ async def search(request: web.Request) -> web.Response:
             purpose=purpose,
             debug=app[keys.SETTINGS].server.debug,
             virtual_key=custom_virtual_key(request),
+            count_after_upstream=_traffic_contract_count(request, service_type, admission),
         )
+
+
+async def admit_by_traffic_contract(
+    request: web.Request, service_type: str, timings: RequestTimings | None
+) -> Admission | None:
+    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), when enabled:
+    the request's modes for its metric sample; raises the 503 (fail-closed) or, enforcing,
+    the 429 (error 12). Its `traffic_contract` span is recorded whether or not contracts are
+    on, as the reference's is."""
+    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
+    if contracts is None:
+        with span(timings, TRAFFIC_CONTRACT):
+            return None
+    try:
+        with span(timings, TRAFFIC_CONTRACT):
+            admission = await contracts.admit(service_type)
+    except OverTrafficContract as refusal:
+        request[keys.TRAFFIC_CONTRACT_MODES] = refusal.modes
+        raise
+    if admission is not None:
+        request[keys.TRAFFIC_CONTRACT_MODES] = admission.modes
+    return admission
+
+
+def _traffic_contract_count(
+    request: web.Request, service_type: str, admission: Admission | None
+) -> CountAfterUpstream | None:
+    """What counts the request once it reached upstream; None when contracts are off."""
+    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
+    if contracts is None:
+        return None
+    return functools.partial(contracts.count_after, service_type, admission)

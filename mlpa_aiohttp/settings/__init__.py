@@ -1242,6 +1242,79 @@ class ReadinessSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TrafficContractSettings:
+    """The reference's traffic contracts (`docs/traffic-contracts.md`): fleet-wide request and
+    token counters per feature and for all features together (the basket), in Redis. Limits
+    count per window; 0 is no limit for that dimension."""
+
+    heading: ClassVar[str] = "Traffic contracts"
+
+    enabled: bool = variable(
+        "ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT",
+        False,
+        meaning="Check and count every chat and search request against the contracts (Redis must answer at"
+        " start). Observes only: an over-contract request is logged and labelled, not refused (see"
+        " `TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT`).",
+    )
+    key_prefix: str = variable(
+        "TRAFFIC_CONTRACT_REDIS_KEY_PREFIX", "mlpa:traffic_contract", meaning="Namespace of the counters' Redis keys."
+    )
+    rpm_window_seconds: int = variable(
+        "TRAFFIC_CONTRACT_RPM_WINDOW_SECONDS", 60, minimum=1, meaning="Length of the request counters' window."
+    )
+    tpm_window_seconds: int = variable(
+        "TRAFFIC_CONTRACT_TPM_WINDOW_SECONDS", 60, minimum=1, meaning="Length of the token counters' window."
+    )
+    counter_ttl_seconds: int = variable(
+        "TRAFFIC_CONTRACT_COUNTER_TTL_SECONDS",
+        120,
+        minimum=1,
+        meaning="Expiry of a window's counters, renewed by every count.",
+    )
+    fail_open: bool = variable(
+        "TRAFFIC_CONTRACT_FAIL_OPEN_ON_REDIS_ERROR",
+        True,
+        meaning="When Redis fails a check: continue unchecked (true) or answer 503 (false).",
+    )
+    total_rpm_limit: int = variable(
+        "TOTAL_TRAFFIC_CONTRACT_RPM_LIMIT", 0, minimum=0, meaning="Requests per window of all features together."
+    )
+    total_tpm_limit: int = variable(
+        "TOTAL_TRAFFIC_CONTRACT_TPM_LIMIT", 0, minimum=0, meaning="Tokens per window of all features together."
+    )
+    smart_window_feature: str = variable(
+        "FEATURE_SMART_WINDOW", "smart-window", meaning="Counter name of the `smart-window` feature."
+    )
+    smart_window_rpm_limit: int = variable(
+        "SMART_WINDOW_TRAFFIC_CONTRACT_RPM_LIMIT", 0, minimum=0, meaning="Requests per window of `smart-window`."
+    )
+    smart_window_tpm_limit: int = variable(
+        "SMART_WINDOW_TRAFFIC_CONTRACT_TPM_LIMIT", 0, minimum=0, meaning="Tokens per window of `smart-window`."
+    )
+    s2s_feature: str = variable("FEATURE_S2S", "s2s", meaning="Counter name of the `s2s` feature.")
+    s2s_rpm_limit: int = variable(
+        "S2S_TRAFFIC_CONTRACT_RPM_LIMIT", 0, minimum=0, meaning="Requests per window of `s2s`."
+    )
+    s2s_tpm_limit: int = variable("S2S_TRAFFIC_CONTRACT_TPM_LIMIT", 0, minimum=0, meaning="Tokens per window of `s2s`.")
+    s2s_android_feature: str = variable(
+        "FEATURE_S2S_ANDROID", "s2s-android", meaning="Counter name of the `s2s-android` feature."
+    )
+    s2s_android_rpm_limit: int = variable(
+        "S2S_ANDROID_TRAFFIC_CONTRACT_RPM_LIMIT", 0, minimum=0, meaning="Requests per window of `s2s-android`."
+    )
+    s2s_android_tpm_limit: int = variable(
+        "S2S_ANDROID_TRAFFIC_CONTRACT_TPM_LIMIT", 0, minimum=0, meaning="Tokens per window of `s2s-android`."
+    )
+    reject_over_contract: bool = variable(
+        "TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT",
+        False,
+        meaning="Beyond the reference: enforce the basket. Each request's count is reserved as it is admitted,"
+        " and a request over a basket limit gets 429, error 12, with `Retry-After` (the seconds until the"
+        " window ends); a stream without a usage chunk counts an estimate of its tokens.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1289,6 +1362,7 @@ class Settings:
     redis: RedisSettings = RedisSettings()
     privacy_filter: PrivacyFilterSettings = PrivacyFilterSettings()
     readiness: ReadinessSettings = ReadinessSettings()
+    traffic_contracts: TrafficContractSettings = TrafficContractSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:

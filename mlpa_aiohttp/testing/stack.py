@@ -6,7 +6,9 @@ Starts, on loopback:
   `"LiteLLM_EndUserTable"` of the PostgreSQL database the `DB_*` / `LITELLM_DB_NAME`
   variables name (LiteLLM's own migrations are applied there first, as a real LiteLLM applies
   them at start; a database a real LiteLLM has migrated is refused);
-* the fake Firefox Accounts server, and mints an FxA access token with its signing key.
+* the fake Firefox Accounts server, and mints an FxA access token with its signing key;
+* with `--traffic-contracts`, a throwaway `redis-server` (nothing persisted) for the traffic
+  contracts, which the export lines turn on (`ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT=true`).
 
 Then prints the keys, the token and the `export` lines the service needs (also written to
 `--env-file`, mode 0600, removed again when the stack stops: the keys die with it).
@@ -19,11 +21,16 @@ import asyncio
 import os
 import secrets
 import shlex
+import shutil
 import signal
+import socket
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import asyncpg
+import redis.asyncio as redis
 from aiohttp import web
 
 from ..observability.logging import configure_logging
@@ -54,6 +61,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-file", type=Path, help="also write the export lines here (mode 0600)")
     parser.add_argument("--uid", default="newcomer", help="FxA user id of the minted token (default newcomer)")
     parser.add_argument("--token-hours", type=float, default=24.0, help="lifetime of the minted token")
+    parser.add_argument(
+        "--traffic-contracts",
+        action="store_true",
+        help="also start a throwaway redis-server (from PATH) and turn traffic contracts on in the export lines;"
+        " for a Redis of your own, export REDIS_HOST, REDIS_PORT and ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT=true instead",
+    )
 
 
 def stack_command(args: argparse.Namespace) -> int:
@@ -84,6 +97,78 @@ async def _start(app: web.Application, host: str, port: int) -> tuple[web.AppRun
         await runner.cleanup()
         raise
     return runner, int(runner.addresses[0][1])
+
+
+class ThrowawayRedisUnavailable(RuntimeError):
+    pass
+
+
+REDIS_START_SECONDS = 10.0
+
+
+class StackRedis:
+    """A `redis-server` on a free port of `host`, persisting nothing (`save ""`, no AOF, its
+    working directory a temporary one), for the traffic contracts of a development stack."""
+
+    def __init__(self, process: asyncio.subprocess.Process, host: str, port: int, directory: str) -> None:
+        self.process, self.host, self.port, self._directory = process, host, port, directory
+
+    @classmethod
+    async def start(cls, host: str) -> StackRedis:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise ThrowawayRedisUnavailable(
+                "redis-server is not on PATH (Debian/Ubuntu: apt-get install redis-server); or leave out"
+                " --traffic-contracts and export REDIS_HOST, REDIS_PORT and ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT=true"
+                " for a Redis of your own"
+            )
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = int(probe.getsockname()[1])
+        directory = tempfile.mkdtemp(prefix="mlpa-stack-redis-")
+        process = await asyncio.create_subprocess_exec(
+            binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no", "--dir", directory,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        server = cls(process, host, port, directory)
+        try:
+            await server._answering()
+        except BaseException:
+            await server.stop()
+            raise
+        return server
+
+    async def _answering(self) -> None:
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        deadline = time.monotonic() + REDIS_START_SECONDS
+        try:
+            while True:
+                if self.process.returncode is not None:
+                    raise ThrowawayRedisUnavailable(f"redis-server exited at start (status {self.process.returncode})")
+                try:
+                    await client.ping()
+                    return
+                except (redis.RedisError, OSError):
+                    if time.monotonic() > deadline:
+                        raise ThrowawayRedisUnavailable(
+                            f"redis-server did not answer on {self.host}:{self.port} within {REDIS_START_SECONDS:g} s"
+                        ) from None
+                    await asyncio.sleep(0.05)
+        finally:
+            await client.aclose()
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+    def exports(self) -> dict[str, str]:
+        return {"REDIS_HOST": self.host, "REDIS_PORT": str(self.port), "ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT": "true"}
 
 
 async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
@@ -118,7 +203,15 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
     )
     fake_fxa = FakeFxA(register_demo_token=False)
     runners: list[web.AppRunner] = []
+    stack_redis: StackRedis | None = None
     try:
+        if args.traffic_contracts:
+            try:
+                stack_redis = await StackRedis.start(args.host)
+            except ThrowawayRedisUnavailable as exc:
+                print(f"stack: {exc}", file=sys.stderr)
+                return 1
+            print(f"throwaway Redis on {stack_redis.host}:{stack_redis.port} (nothing persisted): traffic contracts on")
         litellm_runner, litellm_port = await _start(fake_litellm.make_app(), args.host, args.litellm_port)
         runners.append(litellm_runner)
         fxa_runner, fxa_port = await _start(fake_fxa.make_app(), args.host, args.fxa_port)
@@ -137,6 +230,7 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
             "APP_ATTEST_ENABLED": "false",
             "PLAY_INTEGRITY_ENABLED": "false",
             **pg.connection_environ(),
+            **(stack_redis.exports() if stack_redis is not None else {}),
             TOKEN_VARIABLE: token,
         }
         text = _exports(exports)
@@ -161,6 +255,8 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
             args.env_file.unlink(missing_ok=True)
         for runner in reversed(runners):
             await runner.cleanup()
+        if stack_redis is not None:
+            await stack_redis.stop()
         await end_users.close()
     return 0
 

@@ -4,6 +4,7 @@ exact and repeatable where CPU time on this shared machine moves 10-30 % between
     PYTHONPATH=. python -m tests.bench.instructions                      # bare relay, service
     PYTHONPATH=. python -m tests.bench.instructions --production         # and production's configuration
     PYTHONPATH=. python -m tests.bench.instructions --production-parts   # and what each of its parts adds
+    PYTHONPATH=. python -m tests.bench.instructions --traffic-contracts  # and with traffic contracts on
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
     PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
@@ -57,6 +58,32 @@ COUNTS = ("stream", "event")
 BARE = "aiohttp-bare"
 SERVICE = "service"
 PRODUCTION = "service, production"
+CONTRACTS = "service, traffic contracts"
+CONTRACTS_ENFORCING = "service, traffic contracts enforcing"
+# Limits no bench reaches, so that each check reads the counters (a dimension without limits
+# is not read) and no request is refused.
+_UNREACHED_LIMIT = str(10**12)
+
+
+@contextmanager
+def traffic_contracts_environ() -> Iterator[dict[str, str]]:
+    """Traffic contracts on (observational), against a throwaway Redis on loopback: the
+    variables to add to a service's environment. Two round trips per request (the check, then
+    the count), none per event. The Redis bound is generous: under valgrind the service's own
+    side of a call is slow, and a timed-out call would skip Redis and count less."""
+    from ..support.redis_server import ThrowawayRedis
+
+    with ThrowawayRedis() as server:
+        yield {
+            "ENABLE_TRAFFIC_CONTRACT_ENFORCEMENT": "true",
+            "REDIS_HOST": server.host,
+            "REDIS_PORT": str(server.port),
+            "REDIS_TIMEOUT_MS": "5000",
+            "TOTAL_TRAFFIC_CONTRACT_RPM_LIMIT": _UNREACHED_LIMIT,
+            "TOTAL_TRAFFIC_CONTRACT_TPM_LIMIT": _UNREACHED_LIMIT,
+            "SMART_WINDOW_TRAFFIC_CONTRACT_RPM_LIMIT": _UNREACHED_LIMIT,
+            "SMART_WINDOW_TRAFFIC_CONTRACT_TPM_LIMIT": _UNREACHED_LIMIT,
+        }
 
 
 @dataclass(frozen=True)
@@ -287,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also count the service in production's configuration (tests/bench/production.py)")
     parser.add_argument("--production-parts", action="store_true",
                         help="also count production's configuration one part at a time (each row adds one)")
+    parser.add_argument("--traffic-contracts", action="store_true",
+                        help="also count the service with traffic contracts on, observing and enforcing, against a "
+                             "throwaway Redis")
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="copy callgrind's dumps here (callgrind_annotate reads them per function)")
     add_service_env_option(parser)
@@ -314,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             production = stack.enter_context(production_configuration(work_dir))
         add(run.bare())
         add(run.service(SERVICE, lambda port: run.service_env(port, extra=service_env)))
+        if args.traffic_contracts:
+            contracts = stack.enter_context(traffic_contracts_environ())
+            add(run.service(CONTRACTS, lambda port: run.service_env(port, extra={**service_env, **contracts})))
+            enforcing = {**service_env, **contracts, "TRAFFIC_CONTRACT_REJECT_OVER_CONTRACT": "true"}
+            add(run.service(CONTRACTS_ENFORCING, lambda port: run.service_env(port, extra=enforcing)))
         if args.baseline_ref:
             tree = export_tree(args.baseline_ref, work_dir)
             label = f"service@{args.baseline_ref}{' ' + ' '.join(args.baseline_env) if args.baseline_env else ''}"

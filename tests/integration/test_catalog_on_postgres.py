@@ -97,7 +97,7 @@ async def test_a_new_service_type_works_end_to_end_from_the_file_alone(service_o
     exposition = await (await service.client.get("/metrics")).text()
     assert (
         'mlpa_requests_total{endpoint="/v1/chat/completions",major_fx_version="",method="POST",'
-        'purpose="quick-answer",service_type="brief-answer"}'
+        'purpose="quick-answer",service_type="brief-answer",traffic_contract_rpm_mode="N/A",traffic_contract_tpm_mode="N/A"}'
     ) in exposition
     assert 'mlpa_chat_availability_total{model="brief",outcome="success",purpose="quick-answer",reason="valid_response",service_type="brief-answer"} 1.0' in exposition
     # A type the file does not have stays bounded.

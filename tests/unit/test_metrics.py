@@ -37,7 +37,11 @@ async def test_request_counters_latency_and_status(service: Service) -> None:
     headers = {"user-agent": FIREFOX_UA, "service-type": "ai", "purpose": " chat "}
     response = await service.client.get("/health/liveness", headers=headers)
     assert response.status == 200
-    labels = {"method": "GET", "endpoint": "/health/liveness", "service_type": "ai", "purpose": "chat", "major_fx_version": "155"}
+    labels = {
+        "method": "GET", "endpoint": "/health/liveness", "service_type": "ai", "purpose": "chat", "major_fx_version": "155",
+        # Not a proxy route, and contracts are off by default (compatibility.md §6).
+        "traffic_contract_rpm_mode": "N/A", "traffic_contract_tpm_mode": "N/A",
+    }  # fmt: skip
     assert sample(service, "mlpa_requests_total", labels) == 1
     assert sample(service, "mlpa_response_status_codes_total", {"status_code": "200"}) == 1
     assert sample(service, "mlpa_request_latency_seconds_count", {"method": "GET", "endpoint": "/health/liveness"}) == 1
@@ -344,7 +348,7 @@ _WRITER = textwrap.dedent(
     from mlpa_aiohttp.observability.metrics import Metrics
 
     metrics = Metrics(CollectorRegistry())
-    metrics.requests.labels("POST", "/v1/chat/completions", "ai", "", "").inc(int(sys.argv[1]))
+    metrics.requests.labels("POST", "/v1/chat/completions", "ai", "", "", "N/A", "N/A").inc(int(sys.argv[1]))
     metrics.request_latency.labels("POST", "/v1/chat/completions").observe(0.2)
     """
 )
