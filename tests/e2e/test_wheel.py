@@ -22,6 +22,7 @@ DEMO_FAKES = {
     "mlpa_aiohttp/testing/__init__.py",
     "mlpa_aiohttp/testing/fake_fxa.py",
     "mlpa_aiohttp/testing/fake_litellm.py",
+    "mlpa_aiohttp/testing/fake_privacy_filter.py",  # the demo serves /privacy-filter through it
     "mlpa_aiohttp/testing/litellm_schema.py",
     "mlpa_aiohttp/testing/stack.py",
 }
