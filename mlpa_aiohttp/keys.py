@@ -14,6 +14,8 @@ from aiohttp import web
 from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
+from .fleet.redis_link import RedisLink
+from .fleet.stream_cap import FleetStreamCap
 from .models import RequestRules
 from .observability.metrics import Metrics
 from .relay.keepalive import FirstByteKeepAlive
@@ -53,3 +55,7 @@ PROVISIONER = web.AppKey("provisioner", Provisioner)
 APP_ATTEST = web.AppKey("app_attest", AppAttest)
 PLAY_INTEGRITY = web.AppKey("play_integrity", PlayIntegrity)
 AUTHENTICATOR = web.AppKey("authenticator", Authenticator)
+# The worker's Redis link, only when a feature uses Redis (fleet.uses_redis).
+REDIS = web.AppKey("redis", RedisLink)
+# Only with STREAM_CAP_SCOPE=fleet and a cap: the fleet-wide count over STREAM_SLOTS.
+FLEET_STREAM_CAP = web.AppKey("fleet_stream_cap", FleetStreamCap)

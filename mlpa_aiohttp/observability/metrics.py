@@ -182,6 +182,26 @@ class Metrics:
             ("operation", "kind"),
             registry=r,
         )
+        # The fleet-wide stream cap (fleet/stream_cap.py), only with STREAM_CAP_SCOPE=fleet.
+        self.stream_cap_scope = Gauge(
+            "mlpa_stream_cap_scope",
+            "Workers whose MAX_CONCURRENT_STREAMS_PER_USER counts at this scope right now: fleet, or worker"
+            " while falling back (Redis unavailable, slow or just restarted)",
+            ("scope",),
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.stream_cap_fallbacks = Counter(
+            "mlpa_stream_cap_fallbacks",
+            "Streams admitted by the per-worker count alone because Redis did not answer, by failure kind",
+            ("kind",),
+            registry=r,
+        )
+        self.stream_leases_restored = Counter(
+            "mlpa_stream_leases_restored",
+            "Live stream leases a renewal found missing from Redis and re-added (a Redis restart)",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )

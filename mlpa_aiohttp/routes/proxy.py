@@ -14,6 +14,7 @@ import structlog
 from aiohttp import web
 
 from .. import keys
+from ..fleet.stream_cap import FleetStreamCap
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, TooManyStreams
 from ..headers import GEO_COUNTRY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
@@ -143,6 +144,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
             return await relay.run()
+        fleet_cap = app.get(keys.FLEET_STREAM_CAP)
+        if fleet_cap is not None:
+            return await _relay_under_fleet_cap(request, relay, completion, fleet_cap)
         with refusals_recorded(app[keys.METRICS], completion.labels):
             _take_stream_slot(request, completion)
         try:
@@ -178,6 +182,22 @@ def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> N
         return
     log.warning("concurrent_stream_limit", limit=slots.limit)
     raise TooManyStreams()
+
+
+async def _relay_under_fleet_cap(
+    request: web.Request, relay: StreamRelay, completion: PreparedCompletion, fleet_cap: FleetStreamCap
+) -> web.StreamResponse:
+    """STREAM_CAP_SCOPE=fleet: a lease taken before the upstream call (one Redis round trip, or
+    the per-worker count while Redis is sick), released however the stream ends."""
+    with refusals_recorded(request.app[keys.METRICS], completion.labels):
+        lease = await fleet_cap.take(completion.user_id)
+        if lease is None:
+            log.warning("concurrent_stream_limit", limit=fleet_cap.limit, scope="fleet" if fleet_cap.in_force else "worker")
+            raise TooManyStreams()
+    try:
+        return await relay.run()
+    finally:
+        fleet_cap.give_back(completion.user_id, lease)
 
 
 async def _prepare_completion(request: web.Request, started: float) -> PreparedCompletion:

@@ -985,6 +985,30 @@ class RedisSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StreamCapSettings:
+    """Beyond the reference: where `MAX_CONCURRENT_STREAMS_PER_USER` counts a user's open streams
+    (`fleet/stream_cap.py`; `docs/scaling.md` says what each scope guarantees and when it degrades)."""
+
+    heading: ClassVar[str] = "Stream cap scope"
+
+    scope: str = variable(
+        "STREAM_CAP_SCOPE",
+        "worker",
+        choices=("worker", "fleet"),
+        meaning="`worker`: the cap counts each worker's streams alone (a user may hold cap x workers x pods)."
+        " `fleet`: one count across every worker and pod, kept in the shared Redis as a lease per stream;"
+        " while Redis is unavailable or slow each worker falls back to its own count.",
+    )
+    lease_seconds: float = variable(
+        "STREAM_LEASE_SECONDS",
+        30.0,
+        minimum=3.0,
+        meaning="`fleet` scope: a stream's lease lifetime, renewed every third of it while the stream runs."
+        " It bounds how long a killed worker's streams still count against their users.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1030,6 +1054,7 @@ class Settings:
     stream_limits: StreamLimitSettings = StreamLimitSettings()
     overload: OverloadSettings = OverloadSettings()
     redis: RedisSettings = RedisSettings()
+    stream_cap: StreamCapSettings = StreamCapSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
