@@ -279,3 +279,21 @@ async def test_worker_scope_never_contacts_redis(make_service) -> None:
     held = await open_held(service)
     await assert_refused(service)
     held.close()
+
+
+async def test_a_release_not_yet_sent_travels_with_the_next_acquire(redis_settings) -> None:
+    """No app-wide task here, so the release stays queued: the worker's next acquire for the
+    same identity must carry it, or a user at the cap would meet their own finished stream."""
+    cap, link = direct_cap(redis_settings, lease_seconds=30)
+    try:
+        first = await cap.take(USER)
+        second = await cap.take(USER)
+        assert first is not None and second is not None
+        cap.give_back(USER, first)
+        assert await live_leases(redis_settings) == 2  # not told yet
+        third = await cap.take(USER)
+        assert third is not None
+        assert await live_leases(redis_settings) == 2  # the first released, the third taken
+        assert await cap.take(USER) is None
+    finally:
+        await link.close()
