@@ -8,7 +8,9 @@ as ratios to the bare aiohttp relay's, held to the figures committed in budgets.
 Counted by valgrind as tests/bench/instructions.py counts (its workload, smaller: the file's
 `[workload]`), for the bare relay, the service at the default level (`LOG_LEVEL=info`) and the
 service in production's configuration (tests/bench/production.py: PostgreSQL store,
-multiprocess metrics, JSON lines), all in one run on the same fakes. A ratio, not a count,
+multiprocess metrics, JSON lines) and the service with the fleet-wide stream cap on
+(`STREAM_CAP_SCOPE=fleet` against a throwaway Redis on loopback: a lease taken and released
+per new stream), all in one run on the same fakes. A ratio, not a count,
 is budgeted: a new CPython or aiohttp moves both relays' counts together and leaves the
 ratio where it was (docs/performance.md). `--check` fails when a ratio exceeds its budget by
 more than the file's margin, and says which; the margin is there for the counts' spread
@@ -37,7 +39,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from .instructions import BARE, Figures, Workload, counting_run, require_valgrind
+from .instructions import BARE, Figures, Workload, counting_run, fleet_cap_redis, require_valgrind
 from .open_streams import say, table
 from .procs import terminate_on_sigterm
 from .targets import REPO_ROOT
@@ -46,7 +48,8 @@ BUDGET_FILE = Path(__file__).resolve().with_name("budgets.toml")
 # The targets a budget can name, and the counts.
 SERVICE = "service"
 PRODUCTION = "production"
-TARGETS = (SERVICE, PRODUCTION)
+FLEET_CAP = "fleet cap"
+TARGETS = (SERVICE, PRODUCTION, FLEET_CAP)
 COUNTS = {"stream": "per new stream", "event": "per event"}
 
 
@@ -123,6 +126,10 @@ def count_once(workload: Workload, targets: set[str]) -> Run:
             production = stack.enter_context(production_configuration(work_dir))
             figures[PRODUCTION] = run.service(
                 PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port))
+        if FLEET_CAP in targets:
+            redis_env = stack.enter_context(fleet_cap_redis())
+            figures[FLEET_CAP] = run.service(
+                FLEET_CAP, lambda port: run.service_env(port, extra={"LOG_LEVEL": "info", **redis_env}))
     shutil.rmtree(work_dir, ignore_errors=True)
     return Run(figures)
 

@@ -297,3 +297,39 @@ async def test_a_release_not_yet_sent_travels_with_the_next_acquire(redis_settin
         assert await cap.take(USER) is None
     finally:
         await link.close()
+
+
+async def lease_commands(redis_settings: RedisSettings) -> dict[str, int]:
+    """The commands the fleet cap sends that Redis has run so far (INFO commandstats); the
+    tests' own reads (TIME, ZCOUNT, INFO) are other commands."""
+    client = redis.Redis(host=redis_settings.host, port=redis_settings.port)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    wanted = ("evalsha", "eval", "zrem", "zadd", "script|load", "ping")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in wanted}
+
+
+async def test_a_streams_redis_calls_do_not_grow_with_its_events(make_service, redis_settings) -> None:
+    """A lease at the start (one EVALSHA), a release at the end (one ZREM): nothing per event."""
+    # A lifetime of 30 s: no renewal (every 10 s) falls inside the streams counted.
+    service = await make_service(**fleet_env(redis_settings, cap=1, STREAM_LEASE_SECONDS="30"))
+    warm = await service.chat(chat_body(stream=True))  # the acquire script is loaded once
+    await warm.read()
+    await wait_for_leases(redis_settings, 0)
+
+    async def calls_for_one_stream(chunks: int) -> dict[str, int]:
+        service.litellm.chunks = chunks
+        before = await lease_commands(redis_settings)
+        response = await service.chat(chat_body(stream=True))
+        body = await response.read()
+        assert body.count(b"data: ") >= chunks
+        await wait_for_leases(redis_settings, 0)
+        after = await lease_commands(redis_settings)
+        return {name: after[name] - before[name] for name in after if after[name] != before[name]}
+
+    # commandstats counts a script's own commands too: the acquire's ZADD.
+    one_lease = {"evalsha": 1, "zadd": 1, "zrem": 1}
+    assert await calls_for_one_stream(2) == one_lease
+    assert await calls_for_one_stream(300) == one_lease
