@@ -216,6 +216,9 @@ class FleetStreamCap:
             return True
 
         async def remove(client):  # type: ignore[no-untyped-def]
+            if len(batch) == 1:  # the usual case outside bursts: one command, no pipeline to build
+                [(key, leases)] = batch.items()
+                return await client.zrem(key, *leases)
             pipe = client.pipeline(transaction=False)
             for key, leases in batch.items():
                 pipe.zrem(key, *leases)

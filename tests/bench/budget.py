@@ -39,7 +39,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from .instructions import BARE, Figures, Workload, counting_run, fleet_cap_redis, require_valgrind
+from .instructions import (
+    BARE,
+    Figures,
+    Workload,
+    counting_run,
+    fleet_cap_redis,
+    require_valgrind,
+)
 from .open_streams import say, table
 from .procs import terminate_on_sigterm
 from .targets import REPO_ROOT
