@@ -239,7 +239,7 @@ class FleetStreamCap:
         losses = self._losses
         try:
             if live:
-                args: list[object] = [self._lease_ms]
+                args: list[str | int] = [self._lease_ms]
                 for leases in live.values():
                     args.append(len(leases))
                     args.extend(leases)
