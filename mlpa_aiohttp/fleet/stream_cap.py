@@ -22,7 +22,6 @@ Nothing here runs per event: an acquire at a stream's start, a queued release at
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import secrets
 import time
@@ -116,6 +115,8 @@ class FleetStreamCap:
         self._wake = asyncio.Event()
         self._flush_at = 0.0
         self._renew_at = clock() + self.renew_every
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_for = 0.0
         # False from a Redis failure until a renewal has re-registered every live lease.
         self.in_force = True
         self._episode_fallbacks = 0
@@ -182,21 +183,38 @@ class FleetStreamCap:
     # ---- the app-wide task -----------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            now = self._clock()
-            due = min(self._renew_at, self._flush_at) if self._unsent else self._renew_at
-            if due > now:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(due - now):
-                        await self._wake.wait()
-                self._wake.clear()
-                continue
-            if self._unsent and self._flush_at <= now:
-                sent = await self.flush_releases()
-                self._flush_at = self._clock() if sent else self._clock() + self._retry_seconds()
-            if self._clock() >= self._renew_at:
-                renewed = await self.renew() and self.in_force
-                self._renew_at = self._clock() + (self.renew_every if renewed else self._retry_seconds())
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                now = self._clock()
+                due = min(self._renew_at, self._flush_at) if self._unsent else self._renew_at
+                if due > now:
+                    # One timer for the next due time, kept while that time holds: a stream's
+                    # release wakes this task through the event and arms nothing.
+                    if self._alarm is None or self._alarm_for != due:
+                        if self._alarm is not None:
+                            self._alarm.cancel()
+                        self._alarm, self._alarm_for = loop.call_later(due - now, self._ring), due
+                    await self._wake.wait()
+                    self._wake.clear()
+                    continue
+                await self._do_due(now)
+        finally:
+            if self._alarm is not None:
+                self._alarm.cancel()
+                self._alarm = None
+
+    def _ring(self) -> None:
+        self._alarm = None  # fired (perhaps a little early by our clock): the next wait arms anew
+        self._wake.set()
+
+    async def _do_due(self, now: float) -> None:
+        if self._unsent and self._flush_at <= now:
+            sent = await self.flush_releases()
+            self._flush_at = self._clock() if sent else self._clock() + self._retry_seconds()
+        if self._clock() >= self._renew_at:
+            renewed = await self.renew() and self.in_force
+            self._renew_at = self._clock() + (self.renew_every if renewed else self._retry_seconds())
 
     def _retry_seconds(self) -> float:
         return max(self._link.retry_seconds, 0.05)
