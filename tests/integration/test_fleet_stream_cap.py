@@ -83,8 +83,8 @@ async def test_one_user_holds_the_cap_across_workers_not_per_worker(make_service
     await assert_refused(first)
     await assert_refused(second)
     assert len(first.litellm.requests_to("/v1/chat/completions")) == 2  # refused before any upstream call
-    [line] = [e for e in events(caplog, "concurrent_stream_limit")][:1]
-    assert line["scope"] == "fleet" and line["limit"] == 2
+    refusals = events(caplog, "concurrent_stream_limit")
+    assert [(e["level"], e["scope"], e["limit"], e["user"]) for e in refusals] == [("WARNING", "fleet", 2, USER)] * 2
     assert sample(first, "mlpa_chat_request_rejections_total", {
         "reason": "concurrent_stream_limit", "model": "gpt-oss-120b", "service_type": "ai", "purpose": ""
     }) == 1
