@@ -23,8 +23,9 @@ Startup order (cleanup contexts run in this order, and unwind in reverse):
 1. the shared upstream ClientSession and the LiteLLM client;
 2. the stores (memory, or the two Postgres pools): budgets upserted, capacity seeded;
 3. authentication: FxA, App Attest, Play Integrity (Google credentials are loaded lazily);
-4. Redis, only when a feature uses it (`fleet.uses_redis`), and the traffic contracts on it
-   (when enabled: Redis must answer PING, or the service does not start).
+4. Redis, only when a feature uses it (`fleet.uses_redis`), the traffic contracts on it
+   (when enabled: Redis must answer PING, or the service does not start) and the fleet-wide
+   stream cap's task.
 Shutdown: `on_shutdown` drains open streams (compatibility.md D6) before the contexts unwind.
 """
 
@@ -39,13 +40,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from . import __version__, keys
+from . import __version__, fleet, keys
 from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.fxa import FxAVerifier
 from .auth.play import PlayIntegrity
-from .fleet import uses_redis
 from .fleet.redis_link import RedisLink
+from .fleet.stream_cap import FleetStreamCap
 from .fleet.traffic_contracts import TrafficContracts
 from .middlewares import add_security_headers, error_mapping, request_context, request_timings
 from .models import RequestRules
@@ -138,6 +139,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_auth_context)
     app.cleanup_ctx.append(_redis_context)
     app.cleanup_ctx.append(_traffic_contracts_context)
+    app.cleanup_ctx.append(_fleet_stream_cap_context)
     app.on_shutdown.append(_drain_streams)
     app.on_response_prepare.append(add_security_headers)
     setup_routes(app)
@@ -256,9 +258,9 @@ async def _auth_context(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _redis_context(app: web.Application) -> AsyncIterator[None]:
-    """The worker's one Redis link, only when a feature uses Redis; closed at shutdown."""
+    """The worker's one Redis link, only when a feature uses Redis (it connects on first use)."""
     settings = app[keys.SETTINGS]
-    if not uses_redis(settings):
+    if not fleet.uses_redis(settings):
         yield
         return
     link = RedisLink(settings.redis, app[keys.METRICS])
@@ -284,6 +286,25 @@ async def _traffic_contracts_context(app: web.Application) -> AsyncIterator[None
         yield
     finally:
         await contracts.close()
+
+
+async def _fleet_stream_cap_context(app: web.Application) -> AsyncIterator[None]:
+    """STREAM_CAP_SCOPE=fleet: the leases' one app-wide task; at the end (after the drain) the
+    last releases are sent before the link closes."""
+    settings = app[keys.SETTINGS]
+    if not fleet.fleet_stream_cap_enabled(settings):
+        yield
+        return
+    cap = FleetStreamCap(
+        app[keys.STREAM_SLOTS],
+        app[keys.REDIS],
+        lease_seconds=settings.stream_cap.lease_seconds,
+        metrics=app[keys.METRICS],
+    )
+    app[keys.FLEET_STREAM_CAP] = cap
+    async for _ in _run_while_serving(cap.run):
+        yield
+    await cap.close()
 
 
 async def _litellm_reachability_context(app: web.Application) -> AsyncIterator[None]:

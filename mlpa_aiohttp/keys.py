@@ -15,6 +15,7 @@ from .auth.app_attest import AppAttest
 from .auth.dispatch import Authenticator
 from .auth.play import PlayIntegrity
 from .fleet.redis_link import RedisLink
+from .fleet.stream_cap import FleetStreamCap
 from .fleet.traffic_contracts import TrafficContracts
 from .models import RequestRules
 from .observability.metrics import Metrics
@@ -71,3 +72,5 @@ REDIS = web.AppKey("redis", RedisLink)
 TRAFFIC_CONTRACTS = web.AppKey("traffic_contracts", TrafficContracts)
 # A request's (RPM, TPM) traffic-contract modes, set by the check; absent: ("N/A", "N/A").
 TRAFFIC_CONTRACT_MODES: web.RequestKey[tuple[str, str]] = web.RequestKey("traffic_contract_modes")
+# Only with STREAM_CAP_SCOPE=fleet and a cap: the fleet-wide count over STREAM_SLOTS.
+FLEET_STREAM_CAP = web.AppKey("fleet_stream_cap", FleetStreamCap)

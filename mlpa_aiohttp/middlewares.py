@@ -2,7 +2,7 @@
 
 0. With OVERLOAD_PROTECTION only, `overload.shed_when_overloaded`, before everything here
    (a shed request's log line would cost more than its 503; process/overload.py).
-1. `request_timings` (compatibility.md D50): without `debug-timing: true` it only reads the
+1. `request_timings` (compatibility.md D48): without `debug-timing: true` it only reads the
    header. With it, the request carries a `RequestTimings` (`keys.REQUEST_TIMINGS`) the routes
    record their spans in; a JSON 200 whose body is an object gains `spans` (re-encoded,
    Content-Length recomputed, validators dropped) and is sent from here, so the logged total
@@ -196,7 +196,7 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
         response.headers[header_names.STRICT_TRANSPORT_SECURITY] = value
 
 
-# -- timing spans (compatibility.md D50) -------------------------------------------------------
+# -- timing spans (compatibility.md D48) -------------------------------------------------------
 
 _TIMINGS_LOG = structlog.get_logger("mlpa_aiohttp.request_timings")
 

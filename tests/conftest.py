@@ -33,7 +33,7 @@ TEST_KEYS = {
     "MLPA_ACCESS_TOKEN_SECRET": "test-access-token-secret-of-32-bytes-or-more",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": DEV_TOKEN,
 }
-# Not secrets, but refused like them outside MLPA_DEBUG when missing (compatibility.md D66).
+# Not secrets, but refused like them outside MLPA_DEBUG when missing (compatibility.md D63).
 TEST_PLATFORMS = {
     "APP_DEVELOPMENT_TEAM": "TESTTEAM01",
     "APP_ATTEST_BUNDLE_IDS": "*",

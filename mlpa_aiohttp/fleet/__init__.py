@@ -7,7 +7,11 @@ from __future__ import annotations
 from ..settings import Settings
 
 
+def fleet_stream_cap_enabled(settings: Settings) -> bool:
+    """STREAM_CAP_SCOPE=fleet with a cap set."""
+    return settings.stream_cap.scope == "fleet" and settings.stream_limits.max_concurrent_streams_per_user > 0
+
+
 def uses_redis(settings: Settings) -> bool:
-    """Whether a feature of this configuration needs the worker's Redis link (app.py opens it
-    only then: a service that needs no Redis never contacts one)."""
-    return settings.traffic_contracts.enabled
+    """Whether any feature of these settings needs the worker's Redis link."""
+    return settings.traffic_contracts.enabled or fleet_stream_cap_enabled(settings)

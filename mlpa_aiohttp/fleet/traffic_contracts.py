@@ -1,4 +1,4 @@
-"""Traffic contracts (docs/traffic-contracts.md; compatibility.md §1.8, D52-D55): fleet-wide request
+"""Traffic contracts (docs/traffic-contracts.md; compatibility.md §1.8, D50-D53): fleet-wide request
 (RPM) and token (TPM) counters per feature and for all features together (the basket), in
 fixed windows in Redis, and each request classified against their limits.
 

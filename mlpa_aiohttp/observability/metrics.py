@@ -216,6 +216,26 @@ class Metrics:
             ("operation", "kind"),
             registry=r,
         )
+        # The fleet-wide stream cap (fleet/stream_cap.py), only with STREAM_CAP_SCOPE=fleet.
+        self.stream_cap_scope = Gauge(
+            "mlpa_stream_cap_scope",
+            "Workers whose MAX_CONCURRENT_STREAMS_PER_USER counts at this scope right now: fleet, or worker"
+            " while falling back (Redis unavailable, slow or just restarted)",
+            ("scope",),
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.stream_cap_fallbacks = Counter(
+            "mlpa_stream_cap_fallbacks",
+            "Streams admitted by the per-worker count alone because Redis did not answer, by failure kind",
+            ("kind",),
+            registry=r,
+        )
+        self.stream_leases_restored = Counter(
+            "mlpa_stream_leases_restored",
+            "Live stream leases a renewal found missing from Redis and re-added (a Redis restart)",
+            registry=r,
+        )
         self.event_loop_lag = Histogram(
             "mlpa_event_loop_lag_seconds", "Event-loop lag, sampled", buckets=LAG_BUCKETS, registry=r
         )
@@ -363,7 +383,7 @@ class Metrics:
         self.routed_tokens = Counter(
             "mlpa_litellm_routed_tokens", "Tokens by LiteLLM route", ("type", *_ROUTED, "fallback_used"), registry=r
         )
-        # What the last readiness check saw of each shared backend (compatibility.md D67): with
+        # What the last readiness check saw of each shared backend (compatibility.md D64): with
         # readiness on the pod's own health, this is where a dependency outage shows.
         self.dependency_up = Gauge(
             "mlpa_dependency_up",

@@ -1,4 +1,4 @@
-"""Opt-in request timing spans (compatibility.md D50): what one request spent where.
+"""Opt-in request timing spans (compatibility.md D48): what one request spent where.
 
 A request that sends `debug-timing: true` (trimmed, any case) gets a `RequestTimings`
 (`request_timings.py`, the middleware); the steps of the proxy routes time themselves with

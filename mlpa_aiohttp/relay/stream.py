@@ -98,7 +98,7 @@ class StreamRelay:
         # Set only for a stream that opted into keep-alive lines (relay/keepalive.py).
         self._keepalive = keepalive
         self._fast_path = fast_path
-        # Only for a stream that sent `debug-timing: true` (compatibility.md D50): its spans go
+        # Only for a stream that sent `debug-timing: true` (compatibility.md D48): its spans go
         # out after `data: [DONE]`, so the regular loop keeps the stream's last bytes.
         self._timings = timings
         self._tail = StreamTail() if timings is not None else None

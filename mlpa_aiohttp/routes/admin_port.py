@@ -1,4 +1,4 @@
-"""The operators' routes on a listener of their own (MLPA_ADMIN_PORT, compatibility.md D62).
+"""The operators' routes on a listener of their own (MLPA_ADMIN_PORT, compatibility.md D59).
 
 With MLPA_ADMIN_PORT set, the process listens on PORT and on MLPA_ADMIN_PORT with one app
 (gunicorn binds both, `serve` opens both), and this middleware keeps each listener to its

@@ -51,7 +51,7 @@ async def readiness(request: web.Request) -> web.Response:
     dependencies_ok = all(databases.values()) and litellm_ok and filter_ready
     own_health_ok = not app[keys.STREAMS].shutting_down and overload is None and (schema is None or schema.complete)
     _record_dependencies(app, databases, litellm_ok, filter_ready)
-    # compatibility.md D67: the dependencies decide readiness only when asked to; `status` keeps
+    # compatibility.md D64: the dependencies decide readiness only when asked to; `status` keeps
     # saying whether everything answered, the status code whether to send this pod traffic.
     ready = own_health_ok and (dependencies_ok or not app[keys.SETTINGS].readiness.requires_dependencies)
     if app[keys.STORE].backend == "memory":

@@ -99,6 +99,6 @@ async def _canned_reply(request: web.Request, chat: ChatRequest) -> web.StreamRe
             await asyncio.sleep(chunk_latency)
         timings = request[keys.REQUEST_TIMINGS]
         if timings is not None:
-            # The canned stream ends in `data: [DONE]`: its spans follow (compatibility.md D50).
+            # The canned stream ends in `data: [DONE]`: its spans follow (compatibility.md D48).
             await response.write(spans_event(timings))
     return response

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, OverTrafficContract, TooManyStreams
+from ..fleet.stream_cap import FleetStreamCap
 from ..fleet.traffic_contracts import Admission
 from ..headers import GEO_COUNTRY, LITELLM_VIRTUAL_KEY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
@@ -163,6 +164,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         slots = app[keys.STREAM_SLOTS]
         if not slots.enabled:
             return await relay.run()
+        fleet_cap = app.get(keys.FLEET_STREAM_CAP)
+        if fleet_cap is not None:
+            return await _relay_under_fleet_cap(request, relay, completion, fleet_cap)
         with refusals_recorded(app[keys.METRICS], completion.labels):
             _take_stream_slot(request, completion)
         try:
@@ -204,6 +208,22 @@ def _take_stream_slot(request: web.Request, completion: PreparedCompletion) -> N
         return
     log.warning("concurrent_stream_limit", limit=slots.limit)
     raise TooManyStreams()
+
+
+async def _relay_under_fleet_cap(
+    request: web.Request, relay: StreamRelay, completion: PreparedCompletion, fleet_cap: FleetStreamCap
+) -> web.StreamResponse:
+    """STREAM_CAP_SCOPE=fleet: a lease taken before the upstream call (one Redis round trip, or
+    the per-worker count while Redis is sick), released however the stream ends."""
+    with refusals_recorded(request.app[keys.METRICS], completion.labels):
+        lease = await fleet_cap.take(completion.user_id)
+        if lease is None:
+            log.warning("concurrent_stream_limit", limit=fleet_cap.limit, scope="fleet" if fleet_cap.in_force else "worker")
+            raise TooManyStreams()
+    try:
+        return await relay.run()
+    finally:
+        fleet_cap.give_back(completion.user_id, lease)
 
 
 async def _prepare_completion(

@@ -476,7 +476,7 @@ class ServerSettings:
         meaning="Allocations between collections of the garbage collector's young generation (0: CPython's 700).",
     )
 
-    # compatibility.md D62: the operators' routes on a listener of their own (routes/admin_port.py).
+    # compatibility.md D59: the operators' routes on a listener of their own (routes/admin_port.py).
     admin_port: int | None = derived(
         _admin_port,
         documents=(
@@ -1214,7 +1214,7 @@ class PrivacyFilterSettings:
         normalize=_no_trailing_slash,
         meaning="Base URL of the Privacy Filter service (`/privacy-filter`, `/readyz`).",
     )
-    # compatibility.md D48: one bound for the whole call, where the reference had per-phase 30 s timeouts.
+    # compatibility.md D46: one bound for the whole call, where the reference had per-phase 30 s timeouts.
     timeout_seconds: float = variable(
         "PRIVACY_FILTER_TIMEOUT_SECONDS",
         30.0,
@@ -1228,7 +1228,7 @@ class PrivacyFilterSettings:
 
 @dataclass(frozen=True, slots=True)
 class ReadinessSettings:
-    """What `/health/readiness` answers 503 for (compatibility.md D67)."""
+    """What `/health/readiness` answers 503 for (compatibility.md D64)."""
 
     heading: ClassVar[str] = "Readiness"
 
@@ -1315,6 +1315,30 @@ class TrafficContractSettings:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StreamCapSettings:
+    """Beyond the reference: where `MAX_CONCURRENT_STREAMS_PER_USER` counts a user's open streams
+    (`fleet/stream_cap.py`; `docs/scaling.md` says what each scope guarantees and when it degrades)."""
+
+    heading: ClassVar[str] = "Stream cap scope"
+
+    scope: str = variable(
+        "STREAM_CAP_SCOPE",
+        "worker",
+        choices=("worker", "fleet"),
+        meaning="`worker`: the cap counts each worker's streams alone (a user may hold cap x workers x pods)."
+        " `fleet`: one count across every worker and pod, kept in the shared Redis as a lease per stream;"
+        " while Redis is unavailable or slow each worker falls back to its own count.",
+    )
+    lease_seconds: float = variable(
+        "STREAM_LEASE_SECONDS",
+        30.0,
+        minimum=3.0,
+        meaning="`fleet` scope: a stream's lease lifetime, renewed every third of it while the stream runs."
+        " It bounds how long a killed worker's streams still count against their users.",
+    )
+
+
 # `python -m mlpa_aiohttp demo` runs without a database and answers from the mock routes.
 DEMO_DEFAULTS: Mapping[str, Any] = MappingProxyType({"MLPA_STORE": "memory", "MLPA_MOCK_ROUTES": True})
 # MLPA_DEBUG=true talks to FxA's stage server.
@@ -1363,6 +1387,7 @@ class Settings:
     privacy_filter: PrivacyFilterSettings = PrivacyFilterSettings()
     readiness: ReadinessSettings = ReadinessSettings()
     traffic_contracts: TrafficContractSettings = TrafficContractSettings()
+    stream_cap: StreamCapSettings = StreamCapSettings()
 
     @property
     def budgets(self) -> Mapping[str, BudgetTier]:
@@ -1551,7 +1576,7 @@ def _refuse_default_secrets(env: _Env, switched_off: frozenset[str] = frozenset(
             )
 
 
-# Values that can only fail requests later (compatibility.md D66): the reference's default team
+# Values that can only fail requests later (compatibility.md D63): the reference's default team
 # id, and the shipped ConfigMap's "replace-with-..." placeholders.
 _TEAM_PLACEHOLDERS = frozenset({"TEAMID1234"})
 _PLACEHOLDER_PREFIX = "replace-with-"

@@ -11,7 +11,7 @@ that table with the package's `migrations/*.sql`:
 * unknown: applied, not shipped here (the database is ahead: a newer release migrated it,
   and this pod is an older one, in a rolling update or a rollback). Migrations only add, so
   older code runs on a newer schema: reported once, readiness unaffected
-  (compatibility.md D65).
+  (compatibility.md D62).
 """
 
 from __future__ import annotations

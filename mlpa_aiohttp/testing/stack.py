@@ -226,7 +226,7 @@ async def _run(args: argparse.Namespace, pg: PostgresSettings) -> int:
             "MLPA_ACCESS_TOKEN_SECRET": secrets.token_urlsafe(48),
             "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": secrets.token_urlsafe(24),
             # No fake Apple or Google here: the service runs without iOS and Android clients,
-            # said explicitly as production must (compatibility.md D66).
+            # said explicitly as production must (compatibility.md D63).
             "APP_ATTEST_ENABLED": "false",
             "PLAY_INTEGRITY_ENABLED": "false",
             **pg.connection_environ(),

@@ -1,4 +1,4 @@
-"""What MLPA_ADMIN_PORT costs per request (compatibility.md D62): the service under gunicorn
+"""What MLPA_ADMIN_PORT costs per request (compatibility.md D59): the service under gunicorn
 with and without it, the same streams sent to each in alternating rounds, the server's CPU
 time per stream (its process tree's, from /proc) printed with the ratio.
 

@@ -8,8 +8,10 @@ as ratios to the bare aiohttp relay's, held to the figures committed in budgets.
 Counted by valgrind as tests/bench/instructions.py counts (its workload, smaller: the file's
 `[workload]`), for the bare relay, the service at the default level (`LOG_LEVEL=info`) and the
 service in production's configuration (tests/bench/production.py: PostgreSQL store,
-multiprocess metrics, JSON lines) and the service with traffic contracts on, enforcing, against
-a throwaway Redis (instructions.traffic_contracts_environ), all in one run on the same fakes. A ratio, not a count,
+multiprocess metrics, JSON lines), the service with traffic contracts on, enforcing, against
+a throwaway Redis (instructions.traffic_contracts_environ), and the service with the fleet-wide
+stream cap on (`STREAM_CAP_SCOPE=fleet` against a throwaway Redis on loopback: a lease taken and
+released per new stream), all in one run on the same fakes. A ratio, not a count,
 is budgeted: a new CPython or aiohttp moves both relays' counts together and leaves the
 ratio where it was (docs/performance.md). `--check` fails when a ratio exceeds its budget by
 more than the file's margin, and says which; the margin is there for the counts' spread
@@ -43,6 +45,7 @@ from .instructions import (
     Figures,
     Workload,
     counting_run,
+    fleet_cap_redis,
     require_valgrind,
     traffic_contracts_environ,
 )
@@ -60,7 +63,8 @@ PRODUCTION = "production"
 # a count flush, which depends on how many requests fall into one flush interval: the timing,
 # not the code, and too uneven for a budget.
 CONTRACTS = "traffic-contracts"
-TARGETS = (SERVICE, PRODUCTION, CONTRACTS)
+FLEET_CAP = "fleet cap"
+TARGETS = (SERVICE, PRODUCTION, CONTRACTS, FLEET_CAP)
 COUNTS = {"stream": "per new stream", "event": "per event"}
 
 
@@ -141,6 +145,10 @@ def count_once(workload: Workload, targets: set[str]) -> Run:
             production = stack.enter_context(production_configuration(work_dir))
             figures[PRODUCTION] = run.service(
                 PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port))
+        if FLEET_CAP in targets:
+            redis_env = stack.enter_context(fleet_cap_redis())
+            figures[FLEET_CAP] = run.service(
+                FLEET_CAP, lambda port: run.service_env(port, extra={"LOG_LEVEL": "info", **redis_env}))
     shutil.rmtree(work_dir, ignore_errors=True)
     return Run(figures)
 

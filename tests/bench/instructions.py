@@ -5,6 +5,7 @@ exact and repeatable where CPU time on this shared machine moves 10-30 % between
     PYTHONPATH=. python -m tests.bench.instructions --production         # and production's configuration
     PYTHONPATH=. python -m tests.bench.instructions --production-parts   # and what each of its parts adds
     PYTHONPATH=. python -m tests.bench.instructions --traffic-contracts  # and with traffic contracts on
+    PYTHONPATH=. python -m tests.bench.instructions --fleet-cap          # and STREAM_CAP_SCOPE=fleet on a Redis
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref main  # and the service at REF
     PYTHONPATH=. python -m tests.bench.instructions --baseline-ref a23f4a3 --baseline-env RELAY_FAST_PATH=true
     PYTHONPATH=. python -m tests.bench.instructions --service-env LOG_LEVEL=info
@@ -84,6 +85,15 @@ def traffic_contracts_environ() -> Iterator[dict[str, str]]:
             "SMART_WINDOW_TRAFFIC_CONTRACT_RPM_LIMIT": _UNREACHED_LIMIT,
             "SMART_WINDOW_TRAFFIC_CONTRACT_TPM_LIMIT": _UNREACHED_LIMIT,
         }
+
+
+FLEET_CAP = "service, fleet cap"
+# Every bench stream is one user's (one token): a cap above the bench's concurrency, so each new
+# stream takes and releases a lease and none is refused; counted across the fleet in Redis.
+# A lease lifetime of an hour keeps the one renewal per worker per lifetime/3 (a cost per
+# interval, not per stream or event) out of the counted windows, which valgrind stretches
+# to tens of seconds: with 30 s it added 2.5 k instructions per counted event.
+FLEET_CAP_ENV = {"MAX_CONCURRENT_STREAMS_PER_USER": "1000", "STREAM_CAP_SCOPE": "fleet", "STREAM_LEASE_SECONDS": "3600"}
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,29 @@ class CountingRun:
         return env
 
 
+@contextmanager
+def fleet_cap_redis() -> Iterator[dict[str, str]]:
+    """A throwaway Redis on loopback (tests/support/redis_server.py) and the service variables
+    that turn the fleet-wide stream cap on against it."""
+    from tests.support.redis_server import ThrowawayRedis
+
+    with ThrowawayRedis() as server:
+        yield {**FLEET_CAP_ENV, **server.environ()}
+
+
+def redis_calls(environ: Mapping[str, str]) -> dict[str, int]:
+    """Commands the Redis of `environ` has run, by name (INFO commandstats): how many calls
+    the fleet cap made for the streams and events counted."""
+    import redis
+
+    client = redis.Redis(host=environ["REDIS_HOST"], port=int(environ["REDIS_PORT"]))
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(values["calls"]) for name, values in stats.items()}
+
+
 def describe(figures: Figures) -> str:
     parts = []
     if figures.per_stream is not None:
@@ -317,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--traffic-contracts", action="store_true",
                         help="also count the service with traffic contracts on, observing and enforcing, against a "
                              "throwaway Redis")
+    parser.add_argument("--fleet-cap", action="store_true",
+                        help="also count the service with STREAM_CAP_SCOPE=fleet against a throwaway Redis on loopback")
     parser.add_argument("--keep-dumps", type=Path, metavar="DIR",
                         help="copy callgrind's dumps here (callgrind_annotate reads them per function)")
     add_service_env_option(parser)
@@ -362,6 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 add(run.service(label, lambda port, parts=parts: production.environ(
                     port, run.upstream_port, run.fxa_port, parts)))
             add(run.service(PRODUCTION, lambda port: production.environ(port, run.upstream_port, run.fxa_port)))
+        if args.fleet_cap:
+            redis_env = stack.enter_context(fleet_cap_redis())
+            add(run.service(FLEET_CAP, lambda port: run.service_env(port, extra={**service_env, **redis_env})))
+            calls = redis_calls(redis_env)
+            say(f"  Redis calls of the fleet cap over the whole target (warm-up, counts, events): {calls}")
     say("\n" + report(rows, rows[0]))
     if args.keep_dumps:
         args.keep_dumps.mkdir(parents=True, exist_ok=True)

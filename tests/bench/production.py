@@ -47,7 +47,7 @@ PRODUCTION_SECRETS = {
     "MLPA_UI_ACCESS_KEY": "bench-ui-access-key",
     "MLPA_ACCESS_TOKEN_SECRET": "bench-access-token-secret-of-at-least-32-bytes",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": "",
-    # The bench runs no iOS or Android client: said explicitly, as production must (D66).
+    # The bench runs no iOS or Android client: said explicitly, as production must (D63).
     "APP_ATTEST_ENABLED": "false",
     "PLAY_INTEGRITY_ENABLED": "false",
 }

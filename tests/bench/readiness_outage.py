@@ -1,4 +1,4 @@
-"""What clients get during a LiteLLM outage, under each readiness rule (compatibility.md D67).
+"""What clients get during a LiteLLM outage, under each readiness rule (compatibility.md D64).
 
     PYTHONPATH=. python -m tests.bench.readiness_outage                 # a 30 s outage, time / 10
     PYTHONPATH=. python -m tests.bench.readiness_outage --outage 60 --scale 0.2

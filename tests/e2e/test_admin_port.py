@@ -1,4 +1,4 @@
-"""MLPA_ADMIN_PORT under the two real entries (compatibility.md D62): gunicorn with the shipped
+"""MLPA_ADMIN_PORT under the two real entries (compatibility.md D59): gunicorn with the shipped
 config/gunicorn.conf.py and two workers, and `python -m mlpa_aiohttp serve`. Each listens on
 both ports; over real HTTP the public port refuses /metrics and the admin surface with a 404
 and relays streams, the admin port serves the operators' routes (the scrape aggregating

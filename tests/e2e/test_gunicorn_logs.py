@@ -80,7 +80,7 @@ def test_a_configuration_error_is_one_json_message_listing_every_problem(tmp_pat
         MLPA_UI_ACCESS_KEY="sk-real-ui",
         MLPA_ACCESS_TOKEN_SECRET="too-short",
         MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN="",
-        # Without them the platform checks (D66) would add their own lines.
+        # Without them the platform checks (D63) would add their own lines.
         APP_ATTEST_ENABLED="false",
         PLAY_INTEGRITY_ENABLED="false",
     )

@@ -91,7 +91,7 @@ async def test_serve_warns_once_that_litellm_is_unreachable_and_says_where_it_li
             base = f"http://127.0.0.1:{port}"
             await wait_for_liveness(base, process, stdout_path)
             # Started anyway; readiness says what the warning said, and stays 200: LiteLLM is
-            # shared by every pod, so this pod stays in the Service (compatibility.md D67).
+            # shared by every pod, so this pod stays in the Service (compatibility.md D64).
             async with aiohttp.ClientSession() as session:
                 async with session.get(f"{base}/health/readiness") as response:
                     assert response.status == 200

@@ -65,7 +65,7 @@ async def test_database_down_mid_traffic_then_recovers(pg_service: Service, pg_s
         assert await response.json() == {"detail": {"error": "Error fetching user info"}}
         usage = await pg_service.client.get("/v1/usage", headers=pg_service.headers())
         assert (usage.status, await usage.json()) == (500, {"detail": {"error": "Error fetching usage"}})
-        # The pod stays in the Service (compatibility.md D67): clients keep getting the bodies
+        # The pod stays in the Service (compatibility.md D64): clients keep getting the bodies
         # above, not a load balancer's page; the body and mlpa_dependency_up say what is down.
         readiness = await pg_service.client.get("/health/readiness")
         assert readiness.status == 200

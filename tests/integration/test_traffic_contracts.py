@@ -1,4 +1,4 @@
-"""Traffic contracts (docs/traffic-contracts.md; compatibility.md §1.8, D52-D54) over real HTTP against a
+"""Traffic contracts (docs/traffic-contracts.md; compatibility.md §1.8, D50-D52) over real HTTP against a
 real Redis: the check before upstream, the count after it, the request metric's modes, Redis
 stopped, restarted and paused, and the enforcing mode's admission (429, error 12)."""
 

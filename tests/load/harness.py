@@ -40,7 +40,7 @@ SECRETS = {
     "MLPA_UI_ACCESS_KEY": "sk-load-ui",
     "MLPA_ACCESS_TOKEN_SECRET": "load-test-access-token-secret-32-bytes+",
     "MLPA_EXPERIMENTATION_AUTHORIZATION_TOKEN": "load-dev-token",
-    # The load runs no iOS or Android client: said explicitly, as production must (D66).
+    # The load runs no iOS or Android client: said explicitly, as production must (D63).
     "APP_ATTEST_ENABLED": "false",
     "PLAY_INTEGRITY_ENABLED": "false",
 }

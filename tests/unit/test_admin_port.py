@@ -1,4 +1,4 @@
-"""MLPA_ADMIN_PORT (compatibility.md D62, mlpa_aiohttp/routes/admin_port.py): one app on two
+"""MLPA_ADMIN_PORT (compatibility.md D59, mlpa_aiohttp/routes/admin_port.py): one app on two
 real loopback listeners. The public port answers the operators' paths with the 404 of an
 unknown path, the admin port serves them and refuses the clients' routes; the health routes
 answer on both. Unset, /metrics and the rest stay on the one port (the reference).

@@ -10,7 +10,7 @@ Variables: every one the manifests or config/example.env set is read by someone,
 example.env (made from the settings, tests/unit/test_config_reference.py) documents all of
 them and reads back as the defaults. Shutdown: terminationGracePeriodSeconds > preStop pause +
 gunicorn's graceful_timeout, and aiohttp's share of graceful_timeout > the drain budget
-(compatibility.md D6). Probes point at the health routes. Order (compatibility.md D65): under
+(compatibility.md D6). Probes point at the health routes. Order (compatibility.md D62): under
 Argo CD the migration Job syncs after the ConfigMap, Secret and ServiceAccount its pod reads and
 before the Deployment.
 """

@@ -1,4 +1,4 @@
-"""Health probes over real HTTP (compatibility.md §1.2, D6, D67): liveness never does I/O;
+"""Health probes over real HTTP (compatibility.md §1.2, D6, D64): liveness never does I/O;
 readiness reports every dependency, each check bounded by READINESS_CHECK_TIMEOUT_S, and its
 status code is 200 while this pod can serve; a dependency down makes it 503 only with
 READINESS_REQUIRES_DEPENDENCIES=true (the reference's behaviour). The degraded cases run both ways."""
@@ -88,7 +88,7 @@ class DependencyRule:
 
 @pytest.fixture(
     params=[
-        DependencyRule({}, 200),  # the default: this pod's own health decides (D67)
+        DependencyRule({}, 200),  # the default: this pod's own health decides (D64)
         DependencyRule({"READINESS_REQUIRES_DEPENDENCIES": "true"}, 503),  # the reference's rule
     ],
     ids=["own-health", "requires-dependencies"],

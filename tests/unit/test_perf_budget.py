@@ -66,9 +66,10 @@ def test_a_ratio_is_the_service_over_the_bare_relay() -> None:
 def test_a_recorded_file_reads_back_with_the_runs_median_and_keeps_margin_and_workload(tmp_path) -> None:
     budgets = BudgetFile.read(BUDGET_FILE)
     runs = [run_at(per_event) for per_event in (24_000.0, 25_000.0, 26_000.0)]
-    for run in runs:  # the file budgets production and the traffic contracts too
+    for run in runs:  # the file budgets production, the traffic contracts and the fleet cap too
         run.figures["production"] = Figures("production", per_stream=1_900_000.0, per_event=25_500.0)
         run.figures["traffic-contracts"] = Figures("traffic-contracts", per_stream=2_200_000.0, per_event=25_000.0)
+        run.figures["fleet cap"] = Figures("fleet cap", per_stream=2_300_000.0, per_event=25_000.0)
     recorded = tmp_path / "budgets.toml"
     recorded.write_text(render(budgets, runs, "a test's reason"))
     read_back = BudgetFile.read(recorded)
@@ -78,5 +79,6 @@ def test_a_recorded_file_reads_back_with_the_runs_median_and_keeps_margin_and_wo
     assert by_label["service, per event"].ratio == 0.5
     assert by_label["production, per new stream"].ratio == 1.9
     assert by_label["traffic-contracts, per new stream"].ratio == 2.2
+    assert by_label["fleet cap, per new stream"].ratio == 2.3
     assert {budget.why for budget in read_back.budgets} == {"a test's reason"}
     assert all(budget.measured_on == datetime.date.today().isoformat() for budget in read_back.budgets)

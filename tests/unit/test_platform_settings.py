@@ -1,5 +1,5 @@
 """Production refuses what could only fail iOS and Android requests later (compatibility.md
-D66): a placeholder or missing Apple team id, no bundle-id list, no Google credentials. Every
+D63): a placeholder or missing Apple team id, no bundle-id list, no Google credentials. Every
 problem is named in the one start-up error; `APP_ATTEST_ENABLED=false` and
 `PLAY_INTEGRITY_ENABLED=false` run without a platform, and then its routes answer 403."""
 

@@ -60,7 +60,7 @@ async def filter_service(make_service: ServiceFactory, fake_filter_server) -> As
 @pytest.fixture
 async def reference_readiness(make_service: ServiceFactory, fake_filter_server) -> AsyncIterator[tuple[Service, FakePrivacyFilter]]:
     """The filter on, and readiness under the reference's rule (READINESS_REQUIRES_DEPENDENCIES,
-    compatibility.md D67): a filter that is not ready makes the pod unready."""
+    compatibility.md D64): a filter that is not ready makes the pod unready."""
     fake, server = fake_filter_server
     service = await make_service(
         PRIVACY_FILTER_ENABLED="true",
@@ -325,7 +325,7 @@ async def test_readiness_503_when_the_filter_says_not_ready(reference_readiness)
 
 
 async def test_a_filter_not_ready_leaves_the_pod_ready_by_default_and_says_so(filter_service) -> None:
-    """D67: the Privacy Filter is a shared dependency; its state is in the body and the metric."""
+    """D64: the Privacy Filter is a shared dependency; its state is in the body and the metric."""
     service, fake = filter_service
     fake.ready = False
     status, body = await readiness(service)

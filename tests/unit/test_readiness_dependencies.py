@@ -1,4 +1,4 @@
-"""A LiteLLM outage over real HTTP (compatibility.md D67): the fake LiteLLM's server is stopped,
+"""A LiteLLM outage over real HTTP (compatibility.md D64): the fake LiteLLM's server is stopped,
 then started again on the same port. By default readiness keeps answering 200 (status
 "degraded", LiteLLM "unreachable", mlpa_dependency_up 0), so the pod stays in the Service and a
 chat request gets the service's own 502 body, which Firefox clients handle; with

@@ -1,4 +1,4 @@
-"""Opt-in timing spans (`debug-timing: true`, compatibility.md D50) over real HTTP: JSON 200
+"""Opt-in timing spans (`debug-timing: true`, compatibility.md D48) over real HTTP: JSON 200
 objects gain `spans`, streams ending in `data: [DONE]` one more event, every timed request one
 INFO `Request timings` line; a request without the header is untouched, and its stream keeps
 the relay fast path."""

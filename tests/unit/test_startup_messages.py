@@ -42,7 +42,7 @@ def test_every_secret_rule_is_reported_together(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(SettingsError) as raised:
         Settings.from_environ(environ)
     problems = {problem.split(":", 1)[0]: problem for problem in raised.value.problems}
-    # With the secrets, in the same message, what iOS and Android clients would miss (D66).
+    # With the secrets, in the same message, what iOS and Android clients would miss (D63).
     assert set(problems) == {
         "MASTER_KEY", "MLPA_VIRTUAL_KEY", "MLPA_UI_ACCESS_KEY", "MLPA_ACCESS_TOKEN_SECRET",
         "APP_DEVELOPMENT_TEAM", "APP_ATTEST_BUNDLE_IDS", "PLAY_INTEGRITY_CREDENTIALS_FILE",
