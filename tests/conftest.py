@@ -226,6 +226,38 @@ def redis_settings(redis_server: ThrowawayRedis) -> RedisSettings:
     return redis_server.settings()
 
 
+# A test's figures (a load run's peaks and bounds) as a user property: it travels with the test's
+# report from pytest-xdist's workers, and `pytest_terminal_summary` prints it after the run.
+FIGURES = "figures"
+
+
+@pytest.fixture
+def report_figures(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """`report_figures(text)`: printed in the run's summary under "figures", whatever `-q`,
+    `-n` or the capture mode."""
+
+    def report(text: str) -> None:
+        record_property(FIGURES, text)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    found = [
+        (report.nodeid, value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name == FIGURES
+    ]
+    if found:
+        terminalreporter.section("figures")
+        for nodeid, text in found:
+            terminalreporter.write_line(f"{nodeid}:")
+            terminalreporter.write_line(str(text).strip())
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs
