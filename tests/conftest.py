@@ -258,28 +258,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(str(text).strip())
 
 
+# The session's real servers: (the fixture that starts it, the marker its tests carry, its name).
+SESSION_SERVERS = (("pg_server", "postgres", "PostgreSQL"), ("redis_server", "redis", "Redis"))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tiers (tests/support/tiers.py): a test gets `slow` and the marker of what it needs
-    from where it lives. A test that reaches the session's PostgreSQL must say so itself:
-    `-m "not postgres"` relies on it. The image test runs only when `-m` names `image`."""
+    from where it lives. A test that reaches the session's PostgreSQL or Redis must say so
+    itself: `-m "not postgres"` and `-m "not redis"` rely on it. The image test runs only when `-m` names `image`."""
     for item in items:
         for name in slow_markers(item.nodeid.split("::", 1)[0]):
             item.add_marker(name)
-    unmarked = [
-        item.nodeid
-        for item in items
-        if "pg_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("postgres") is None
-    ]
-    if unmarked:
-        raise pytest.UsageError("these tests use PostgreSQL but lack @pytest.mark.postgres:\n  " + "\n  ".join(unmarked))
-    unmarked = [
-        item.nodeid
-        for item in items
-        if "redis_server" in getattr(item, "fixturenames", ()) and item.get_closest_marker("redis") is None
-    ]
-    if unmarked:
-        raise pytest.UsageError("these tests use Redis but lack @pytest.mark.redis:\n  " + "\n  ".join(unmarked))
+    for fixture, marker, server in SESSION_SERVERS:
+        unmarked = [
+            item.nodeid
+            for item in items
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+        ]
+        if unmarked:
+            raise pytest.UsageError(
+                f"these tests use {server} but lack @pytest.mark.{marker}:\n  " + "\n  ".join(unmarked)
+            )
     if "image" not in (config.getoption("markexpr", default="") or ""):
         image = [item for item in items if item.get_closest_marker("image") is not None]
         if image:
