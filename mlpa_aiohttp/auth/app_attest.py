@@ -68,7 +68,7 @@ class AttestationRoots:
 
     def select(self, use_qa: bool) -> tuple[x509.Certificate, bool]:
         """The root to verify against, and whether it is the QA root (which also accepts
-        the reference's QA tooling's objects, compatibility.md D58)."""
+        the reference's QA tooling's objects, compatibility.md D54)."""
         if use_qa and self.qa is not None:
             log.warning("app_attest_qa_root_used")
             return self.qa, True

@@ -124,7 +124,7 @@ def verify_attestation(
     Authenticity comes first: any change to authData shows as `nonce_mismatch`, before
     its fields are read.
 
-    `qa_tooling` (only for the configured QA root, compatibility.md D58) accepts what the
+    `qa_tooling` (only for the configured QA root, compatibility.md D54) accepts what the
     reference's QA tooling makes: `x5c` ending in `root` itself, and its nonce encoding.
     """
     statement = _decode_attestation_object(attestation_object)

@@ -1,5 +1,5 @@
 """Attestations made by the reference's QA tooling (spec mlpa-1.0.39 §A.17;
-compatibility.md §2.5, D58): accepted in QA mode only, i.e. against the configured QA root for a request that
+compatibility.md §2.5, D54): accepted in QA mode only, i.e. against the configured QA root for a request that
 sends `use-qa-certificates: true` with `APP_ATTEST_QA` on. Each relaxation is shown not to
 apply outside that mode: the same object against Apple's root, or against the same root as
 the production root.
