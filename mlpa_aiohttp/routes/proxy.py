@@ -22,7 +22,7 @@ from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
-from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span
+from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span, timed
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.keepalive import FirstByteKeepAlive
@@ -219,9 +219,12 @@ async def _prepare_completion(
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
     contracts = app.get(keys.TRAFFIC_CONTRACTS)
     with refusals_recorded(metrics, labels):
-        admission = await admit_by_traffic_contract(request, contracts, principal.service_type, timings)
-        with span(timings, DB):
-            await app[keys.PROVISIONER].provision(principal.user_id)
+        admission: Admission | None = None
+        if contracts is None:
+            traffic_contracts_off(timings)
+        else:
+            admission = await admit_by_traffic_contract(request, contracts, principal.service_type, timings)
+        await timed(timings, DB, app[keys.PROVISIONER].provision(principal.user_id))
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
@@ -263,9 +266,12 @@ async def search(request: web.Request) -> web.Response:
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
     contracts = app.get(keys.TRAFFIC_CONTRACTS)
-    admission = await admit_by_traffic_contract(request, contracts, service_type, timings)
-    with span(timings, DB):
-        await app[keys.PROVISIONER].provision(principal.user_id)
+    admission: Admission | None = None
+    if contracts is None:
+        traffic_contracts_off(timings)
+    else:
+        admission = await admit_by_traffic_contract(request, contracts, service_type, timings)
+    await timed(timings, DB, app[keys.PROVISIONER].provision(principal.user_id))
     with span(timings, UPSTREAM):
         return await relay_search(
             client=app[keys.LITELLM],
@@ -279,16 +285,20 @@ async def search(request: web.Request) -> web.Response:
         )
 
 
+def traffic_contracts_off(timings: RequestTimings | None) -> None:
+    """No traffic-contract check (contracts are off), but its `traffic_contract` span all the
+    same, empty: the reference records it whether or not contracts are on."""
+    if timings is not None:
+        with timings.span(TRAFFIC_CONTRACT):
+            pass
+
+
 async def admit_by_traffic_contract(
-    request: web.Request, contracts: TrafficContracts | None, service_type: str, timings: RequestTimings | None
+    request: web.Request, contracts: TrafficContracts, service_type: str, timings: RequestTimings | None
 ) -> Admission | None:
-    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), when enabled
-    (`contracts`, the app's, None when off): the request's modes for its metric sample; raises
-    the 503 (fail-closed) or, enforcing, the 429 (error 12). Its `traffic_contract` span is
-    recorded whether or not contracts are on, as the reference's is."""
-    if contracts is None:
-        with span(timings, TRAFFIC_CONTRACT):
-            return None
+    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), contracts
+    being on: the request's modes for its metric sample; raises the 503 (fail-closed) or,
+    enforcing, the 429 (error 12). Off, `traffic_contracts_off` stands in for it."""
     try:
         with span(timings, TRAFFIC_CONTRACT):
             admission = await contracts.admit(service_type)
