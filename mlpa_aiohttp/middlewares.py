@@ -202,11 +202,18 @@ _TIMINGS_LOG = structlog.get_logger("mlpa_aiohttp.request_timings")
 
 
 @web.middleware
-async def request_timings(request: web.Request, handler: Handler) -> web.StreamResponse:
+def request_timings(request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]:
+    """Not a coroutine itself: a request without the header is handed straight to the next
+    layer, so it pays no coroutine, frame or cancellation unwinding of this one
+    (docs/performance.md). aiohttp awaits whatever a middleware returns."""
     value = request.headers.get(TIMING_HEADER)
     if value is None or not requested(value):
         request[keys.REQUEST_TIMINGS] = None
-        return await handler(request)
+        return handler(request)
+    return _timed_request(request, handler)
+
+
+async def _timed_request(request: web.Request, handler: Handler) -> web.StreamResponse:
     timings = RequestTimings()
     request[keys.REQUEST_TIMINGS] = timings
     status = 500

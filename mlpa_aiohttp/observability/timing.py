@@ -2,9 +2,9 @@
 
 A request that sends `debug-timing: true` (trimmed, any case) gets a `RequestTimings`
 (`request_timings.py`, the middleware); the steps of the proxy routes time themselves with
-`span(timings, NAME)`, which is a shared no-op context when the request did not ask, so a
-request without the header pays one dictionary lookup per step and nothing per streamed
-event. The spans reach the client in a JSON 200 object's `spans` key, or in one more SSE
+`span(timings, NAME)`, which is a shared no-op context when the request did not ask, or
+`await timed(timings, NAME, step)` around one awaited step, which is the step itself then, so
+a request without the header pays one call per step and nothing per streamed event. The spans reach the client in a JSON 200 object's `spans` key, or in one more SSE
 event after a stream's `data: [DONE]`, and the log in one INFO `Request timings` line.
 
 A span is `{"name", "start_ms", "duration_ms"}`: milliseconds from the request's arrival at
@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 HEADER = "debug-timing"
 
@@ -31,6 +31,7 @@ DB = "db"
 UPSTREAM = "upstream"
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 _NO_SPAN: AbstractContextManager[None] = contextlib.nullcontext()
 
@@ -56,6 +57,10 @@ class RequestTimings:
 
     def span(self, name: str) -> _Span:
         return _Span(self, name)
+
+    async def timed(self, name: str, step: Awaitable[T]) -> T:
+        with self.span(name):
+            return await step
 
     def add(self, name: str, started: float, ended: float) -> None:
         self._spans.append((name, started, ended))
@@ -93,6 +98,13 @@ class _Span:
 def span(timings: RequestTimings | None, name: str) -> AbstractContextManager[None]:
     """A span of `timings`, or the shared no-op when the request did not ask for spans."""
     return _NO_SPAN if timings is None else timings.span(name)
+
+
+def timed(timings: RequestTimings | None, name: str, step: Awaitable[T]) -> Awaitable[T]:
+    """`step` (one awaited step, e.g. a coroutine not yet started) in a span of `timings`, or
+    `step` itself when the request did not ask for spans: no context manager, no coroutine
+    of its own on the untimed path (a new stream's hot path, docs/performance.md)."""
+    return step if timings is None else timings.timed(name, step)
 
 
 # -- where the spans go -------------------------------------------------------------------

@@ -17,19 +17,19 @@ from aiohttp import web
 from .. import keys
 from ..errors import INVALID_AUTH_REQUEST, ApiError, BadRequest, OverTrafficContract, TooManyStreams
 from ..fleet.stream_cap import FleetStreamCap
-from ..fleet.traffic_contracts import Admission
+from ..fleet.traffic_contracts import Admission, TrafficContracts
 from ..headers import GEO_COUNTRY, LITELLM_VIRTUAL_KEY, STREAM_KEEPALIVE
 from ..models import ChatRequest, ProxyHeaders, check_model_name
 from ..observability import log_context
 from ..observability.labels import clamp_country
 from ..observability.metrics import Metrics
-from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span
+from ..observability.timing import AUTH, DB, TRAFFIC_CONTRACT, UPSTREAM, RequestTimings, span, timed
 from ..principal import Principal
 from ..relay.json_relay import relay_completion, relay_search
 from ..relay.keepalive import FirstByteKeepAlive
 from ..relay.outcome import CompletionOutcome, CountAfterUpstream
 from ..relay.stream import StreamRelay
-from ..settings import TRUTHY
+from ..settings import TRUTHY, Settings
 from ..upstream.bodies import UpstreamBody, completion_body, search_body
 from .request_body import read_body
 
@@ -63,11 +63,11 @@ async def authenticate_caller(request: web.Request, headers: ProxyHeaders, raw_b
     return principal
 
 
-def custom_virtual_key(request: web.Request) -> str | None:
+def custom_virtual_key(request: web.Request, settings: Settings) -> str | None:
     """The client's own LiteLLM key (`litellm-virtual-key`, MLPA 1.0.39), when
     ALLOW_CUSTOM_VIRTUAL_KEY allows it and the trimmed value is not blank; else None, the
     service's key. Not checked here: a key LiteLLM does not know is LiteLLM's to refuse."""
-    if not request.app[keys.SETTINGS].upstream.allow_custom_virtual_key:
+    if not settings.upstream.allow_custom_virtual_key:
         return None
     return request.headers.get(LITELLM_VIRTUAL_KEY, "").strip() or None
 
@@ -232,14 +232,19 @@ async def _prepare_completion(
     """Validate, authenticate, provision and build the upstream body. The parsed request
     ends with this call, so a stream holds no copy of the conversation but the body, and
     that only until it is sent."""
-    settings, metrics = request.app[keys.SETTINGS], request.app[keys.METRICS]
+    app = request.app
+    settings, metrics = app[keys.SETTINGS], app[keys.METRICS]
     chat, principal = await authorize_chat(request, timings)
     country = request.headers.get(GEO_COUNTRY)
     labels = ChatLabels(chat.model, principal.service_type, principal.purpose, country)
+    contracts = app.get(keys.TRAFFIC_CONTRACTS)
     with refusals_recorded(metrics, labels):
-        admission = await admit_by_traffic_contract(request, principal.service_type, timings)
-        with span(timings, DB):
-            await request.app[keys.PROVISIONER].provision(principal.user_id)
+        admission: Admission | None = None
+        if contracts is None:
+            traffic_contracts_off(timings)
+        else:
+            admission = await admit_by_traffic_contract(request, contracts, principal.service_type, timings)
+        await timed(timings, DB, app[keys.PROVISIONER].provision(principal.user_id))
     if chat.has_tools:
         metrics.requests_with_tools.labels(metrics.labels.model(chat.model), labels.service_type, labels.purpose).inc()
     return PreparedCompletion(
@@ -259,10 +264,10 @@ async def _prepare_completion(
             purpose=labels.purpose,
             country=country,
             started=started,
-            count_after_upstream=_traffic_contract_count(request, labels.service_type, admission),
+            count_after_upstream=_traffic_contract_count(contracts, labels.service_type, admission),
         ),
         user_id=principal.user_id,
-        virtual_key=custom_virtual_key(request),
+        virtual_key=custom_virtual_key(request, settings),
     )
 
 
@@ -280,9 +285,13 @@ async def search(request: web.Request) -> web.Response:
     service_type, purpose = principal.service_type, principal.purpose
     _count_country(request, service_type, SEARCH_MODEL_LABEL)
     rules.check_search_service_type(principal.service_type)
-    admission = await admit_by_traffic_contract(request, service_type, timings)
-    with span(timings, DB):
-        await app[keys.PROVISIONER].provision(principal.user_id)
+    contracts = app.get(keys.TRAFFIC_CONTRACTS)
+    admission: Admission | None = None
+    if contracts is None:
+        traffic_contracts_off(timings)
+    else:
+        admission = await admit_by_traffic_contract(request, contracts, service_type, timings)
+    await timed(timings, DB, app[keys.PROVISIONER].provision(principal.user_id))
     with span(timings, UPSTREAM):
         return await relay_search(
             client=app[keys.LITELLM],
@@ -291,22 +300,25 @@ async def search(request: web.Request) -> web.Response:
             service_type=service_type,
             purpose=purpose,
             debug=app[keys.SETTINGS].server.debug,
-            virtual_key=custom_virtual_key(request),
-            count_after_upstream=_traffic_contract_count(request, service_type, admission),
+            virtual_key=custom_virtual_key(request, app[keys.SETTINGS]),
+            count_after_upstream=_traffic_contract_count(contracts, service_type, admission),
         )
 
 
+def traffic_contracts_off(timings: RequestTimings | None) -> None:
+    """No traffic-contract check (contracts are off), but its `traffic_contract` span all the
+    same, empty: the reference records it whether or not contracts are on."""
+    if timings is not None:
+        with timings.span(TRAFFIC_CONTRACT):
+            pass
+
+
 async def admit_by_traffic_contract(
-    request: web.Request, service_type: str, timings: RequestTimings | None
+    request: web.Request, contracts: TrafficContracts, service_type: str, timings: RequestTimings | None
 ) -> Admission | None:
-    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), when enabled:
-    the request's modes for its metric sample; raises the 503 (fail-closed) or, enforcing,
-    the 429 (error 12). Its `traffic_contract` span is recorded whether or not contracts are
-    on, as the reference's is."""
-    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
-    if contracts is None:
-        with span(timings, TRAFFIC_CONTRACT):
-            return None
+    """The traffic-contract check before upstream (compatibility.md §1.8, §1.9), contracts
+    being on: the request's modes for its metric sample; raises the 503 (fail-closed) or,
+    enforcing, the 429 (error 12). Off, `traffic_contracts_off` stands in for it."""
     try:
         with span(timings, TRAFFIC_CONTRACT):
             admission = await contracts.admit(service_type)
@@ -319,10 +331,9 @@ async def admit_by_traffic_contract(
 
 
 def _traffic_contract_count(
-    request: web.Request, service_type: str, admission: Admission | None
+    contracts: TrafficContracts | None, service_type: str, admission: Admission | None
 ) -> CountAfterUpstream | None:
     """What counts the request once it reached upstream; None when contracts are off."""
-    contracts = request.app.get(keys.TRAFFIC_CONTRACTS)
     if contracts is None:
         return None
     return functools.partial(contracts.count_after, service_type, admission)
